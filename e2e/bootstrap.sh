@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates (once) the project's virtual environment outside the work tree and installs the
+# package with every extra; prints the environment's folder. Safe to run repeatedly.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${INFERFLEET_CACHE:-$HOME/.cache/inferfleet}
+venv="$cache/venv"
+mkdir -p "$cache"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[bootstrap] Creating virtual environment in $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip >&2
+fi
+stamp="$venv/.inferfleet-installed"
+want=$(sha256sum "$root/pyproject.toml" | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "import inferfleet_runtime, inferfleet_operator" 2>/dev/null; then
+  echo "[bootstrap] Installing inferfleet[runtime,operator,dev] (torch is a large download the first time)" >&2
+  "$venv/bin/pip" install --progress-bar off -e "$root[runtime,operator,dev]" >&2
+  echo "$want" > "$stamp"
+fi
+echo "$venv"

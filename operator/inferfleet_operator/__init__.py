@@ -1,0 +1,1 @@
+"""inferfleet operator: plans and reconciles InferenceServices across mixed-vendor GPU pools."""

@@ -1,0 +1,1 @@
+"""inferfleet serving runtime: paged and compiled engines behind one OpenAI-compatible server."""

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs, builds the local control plane, runs every tier
+# (unit, integration, kernels under the Triton interpreter, cluster e2e). Extra args go to pytest.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=$(bash "$root/e2e/bootstrap.sh")
+export PATH="$venv/bin:$PATH"
+if [ -x "$root/e2e/cluster/build.sh" ]; then
+  INFERFLEET_CLUSTER_BIN=$(bash "$root/e2e/cluster/build.sh")
+  export INFERFLEET_CLUSTER_BIN
+fi
+cd "$root"
+exec python -m pytest -ra "$@"
