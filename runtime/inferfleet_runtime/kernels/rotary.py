@@ -1,0 +1,96 @@
+"""Rotary position embedding, rotate-half (Hugging Face Llama / GPT-NeoX) convention.
+
+Math: with h = D/2, c = cache[pos, :h], s = cache[pos, h:], for each head vector v [D]:
+    out[:h] = v[:h] * c - v[h:] * s
+    out[h:] = v[h:] * c + v[:h] * s
+computed in float32. Rope scaling (linear, dynamic, YaRN, Llama 3) is folded into the cos/sin cache
+by the model, so this kernel only rotates.
+
+Layouts: query [T, Hq, D], key [T, Hkv, D] (last dim contiguous; token and head strides free, so a
+view into a fused qkv projection works); positions [T] int64; cos_sin_cache [max_pos, D] float32.
+Outputs are new contiguous tensors of the same shapes; inputs are not modified.
+Memory traffic: reads and writes T*(Hq+Hkv)*D elements, reads T*D cache floats.
+Grid: one program per (token, head), heads of query and key in one launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import constexpr, check_dtype, check_last_dim_contiguous, check_same_device, jit, next_power_of_2, runnable, tl
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def rotary_reference(query, key, positions, cos_sin_cache):
+    """The spec: returns rotated (query, key)."""
+    half = cos_sin_cache.shape[1] // 2
+    cos_sin = cos_sin_cache[positions].float()
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+
+    def rotate(x):
+        x1, x2 = x.float()[..., :half], x.float()[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    return rotate(query), rotate(key)
+
+
+@jit
+def _rotary_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, positions_ptr, cache_ptr,
+    stride_q_token, stride_q_head, stride_k_token, stride_k_head,
+    stride_cache, num_q_heads, num_k_heads,
+    HALF: constexpr, BLOCK_HALF: constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    pos = tl.load(positions_ptr + token)
+    cos = tl.load(cache_ptr + pos * stride_cache + offs, mask=mask, other=0.0)
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs, mask=mask, other=0.0)
+    if head < num_q_heads:
+        src = q_ptr + token * stride_q_token + head * stride_q_head
+        dst = q_out_ptr + (token * num_q_heads + head) * (2 * HALF)
+    else:
+        src = k_ptr + token * stride_k_token + (head - num_q_heads) * stride_k_head
+        dst = k_out_ptr + (token * num_k_heads + head - num_q_heads) * (2 * HALF)
+    x1 = tl.load(src + offs, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    tl.store(dst + offs, (a * cos - b * sin).to(x1.dtype), mask=mask)
+    tl.store(dst + HALF + offs, (b * cos + a * sin).to(x1.dtype), mask=mask)
+
+
+def rotary(query, key, positions, cos_sin_cache):
+    """Triton launcher; same contract as `rotary_reference`."""
+    if query.dim() != 3 or key.dim() != 3 or query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
+        raise ValueError(f"expected query [T, Hq, D] and key [T, Hkv, D], got {tuple(query.shape)} and {tuple(key.shape)}")
+    num_tokens, num_q_heads, head_dim = query.shape
+    if head_dim % 2 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
+        raise ValueError(f"cos_sin_cache must be [max_pos, {head_dim}] with an even head_dim, got {tuple(cos_sin_cache.shape)}")
+    if positions.shape != (num_tokens,) or positions.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"positions must be [{num_tokens}] int64, got {tuple(positions.shape)} {positions.dtype}")
+    check_dtype("query", query, FLOAT_DTYPES)
+    if key.dtype != query.dtype:
+        raise TypeError(f"key dtype {key.dtype} differs from query dtype {query.dtype}")
+    check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32,))
+    check_last_dim_contiguous("query", query)
+    check_last_dim_contiguous("key", key)
+    check_same_device(query=query, key=key, positions=positions, cos_sin_cache=cos_sin_cache)
+    cos_sin_cache = cos_sin_cache.contiguous()
+    positions = positions.contiguous()
+    q_out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    k_out = torch.empty(key.shape, dtype=key.dtype, device=key.device)
+    if num_tokens == 0:
+        return q_out, k_out
+    num_k_heads = key.shape[1]
+    half = head_dim // 2
+    runnable(_rotary_kernel, query.device)[(num_tokens, num_q_heads + num_k_heads)](
+        query, key, q_out, k_out, positions, cos_sin_cache,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+        cos_sin_cache.stride(0), num_q_heads, num_k_heads,
+        HALF=half, BLOCK_HALF=next_power_of_2(half),
+    )
+    return q_out, k_out
