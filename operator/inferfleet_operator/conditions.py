@@ -1,0 +1,106 @@
+"""Status conditions (set with lastTransitionTime moving only on a flip), their reasons, and planned Events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+# Condition types of an InferenceService.
+READY = "Ready"
+ENGINES_BUILT = "EnginesBuilt"
+ROLLED_OUT = "RolledOut"
+DEGRADED = "Degraded"
+SERVICE_CONDITIONS = (READY, ENGINES_BUILT, ROLLED_OUT, DEGRADED)
+
+# Condition types of an EngineBuild.
+BUILT = "Built"
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+# Reasons (CamelCase constants; status, pool entries and Events use the same words).
+REASON_PENDING = "Pending"
+REASON_ALL_POOLS_READY = "AllPoolsReady"
+REASON_SOME_POOLS_READY = "SomePoolsReady"
+REASON_NO_READY_REPLICAS = "NoReadyReplicas"
+REASON_NO_ELIGIBLE_POOLS = "NoEligiblePools"
+REASON_NO_ENGINES_NEEDED = "NoEnginesNeeded"
+REASON_ENGINES_READY = "EnginesReady"
+REASON_ENGINES_BUILDING = "EnginesBuilding"
+REASON_BUILD_FAILED = "BuildFailed"
+REASON_BUILD_FAILED_NO_FALLBACK = "BuildFailedNoFallback"
+REASON_ROLLING_OUT = "RollingOut"
+REASON_ROLLED_OUT = "RolledOut"
+REASON_AS_PLANNED = "AsPlanned"
+REASON_INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+# Per-pool reasons.
+REASON_SERVING_COMPILED = "ServingCompiled"
+REASON_SERVING_PAGED = "ServingPaged"
+REASON_BRIDGING = "BridgingWithPaged"
+REASON_FALLBACK_PAGED = "FallbackToPaged"
+REASON_SERVING_PREVIOUS_ENGINE = "ServingPreviousEngine"
+REASON_WAITING_FOR_BUILD = "WaitingForEngineBuild"
+REASON_NO_CAPACITY = "NoCapacity"
+REASON_NO_REPLICAS = "NoReplicasAssigned"
+# EngineBuild reasons.
+REASON_JOB_CREATED = "JobCreated"
+REASON_JOB_RUNNING = "JobRunning"
+REASON_JOB_SUCCEEDED = "JobSucceeded"
+REASON_JOB_FAILED = "JobFailed"
+REASON_BACKOFF = "BackoffBeforeRetry"
+REASON_ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+
+
+@dataclass(frozen=True)
+class PlannedEvent:
+    type: str  # "Normal" | "Warning"
+    reason: str  # CamelCase
+    message: str
+
+
+def normal(reason: str, message: str) -> PlannedEvent:
+    return PlannedEvent("Normal", reason, message)
+
+
+def warning(reason: str, message: str) -> PlannedEvent:
+    return PlannedEvent("Warning", reason, message)
+
+
+def format_time(now: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as the API server stores metav1.Time."""
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=timezone.utc)
+    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def by_type(conditions: list[dict] | None) -> dict[str, dict]:
+    return {c["type"]: c for c in conditions or [] if "type" in c}
+
+
+def condition(
+    previous: dict[str, dict], type_: str, status: str, reason: str, message: str, now: datetime, generation: int
+) -> dict:
+    """A condition whose lastTransitionTime is kept from `previous` unless the status flips."""
+    old = previous.get(type_)
+    if old is not None and old.get("status") == status and old.get("lastTransitionTime"):
+        transition = old["lastTransitionTime"]
+    else:
+        transition = format_time(now)
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": transition,
+        "observedGeneration": generation,
+    }
+
+
+def flipped(previous: dict[str, dict], new: dict) -> bool:
+    old = previous.get(new["type"])
+    return old is None or old.get("status") != new["status"]
