@@ -34,6 +34,15 @@ REFERENCE_OPS = KernelOps(
     paged_attention=paged_attention.paged_attention_reference,
 )
 
+TRITON_OPS = KernelOps(
+    backend="triton",
+    rms_norm=rms_norm.rms_norm,
+    rotary=rotary.rotary,
+    silu_and_mul=activation.silu_and_mul,
+    write_kv=kv_cache.write_kv,
+    paged_attention=paged_attention.paged_attention,
+)
+
 
 def has_triton_device() -> bool:
     """True when torch sees a device Triton compiles for (CUDA, ROCm through torch.cuda, or XPU)."""
@@ -59,4 +68,4 @@ def get_ops(backend: str = "auto") -> KernelOps:
         return REFERENCE_OPS
     if not HAS_TRITON:
         raise RuntimeError("kernels='triton' needs the `triton` package, which is not importable here")
-    raise NotImplementedError("the Triton paged attention kernel has not landed yet; use kernels='reference'")
+    return TRITON_OPS

@@ -13,13 +13,35 @@ Layouts:
     seq_lens         [num_seqs] int32, context length including the new tokens
     query_start_loc  [num_seqs + 1] int32 or None (None means decode)
     out              like query
-Memory traffic: each sequence's K and V are read once per kv head group (2 * seq_len * Hkv * D
-elements), plus q and out; decode is bound by reading the cache.
+Memory traffic: each sequence's K and V are read once per kv head and query tile (2 * seq_len *
+Hkv * D elements for decode), plus q and out; decode is bound by reading the cache.
+
+Kernel design (written for this project from the published flash-attention / flash-decoding
+algorithms and the PagedAttention block-table layout):
+- One program per (sequence, kv head, query tile[, KV partition]). Its rows are the query tile's
+  tokens times the kv head's query heads (GQA group), so each K/V tile is loaded once for the whole
+  group and scores are one `tl.dot` of [BLOCK_Q * BLOCK_G, D] x [D, BLOCK_N].
+- A K/V tile spans BLOCK_N consecutive positions of a sequence, which may cover several cache
+  blocks: block ids are gathered from the block table per position, then widened to int64 so
+  offsets past 2**31 elements stay correct.
+- Decode (one query token per sequence) with long contexts and few sequences splits the context
+  into partitions run by separate programs (flash-decoding); each writes an unnormalised partial
+  output with its running max and sum, and `_reduce_partitions_kernel` merges them.
+- Head dims that are not powers of two (80, 96) are padded to the next power of two and masked.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ._triton import constexpr, check_dtype, check_same_device, jit, next_power_of_2, runnable, tl
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2_E = 1.4426950408889634
+# Finite stand-in for -inf as the initial running max: keeps exp(m_old - m_new) at 1, not NaN,
+# for rows that have seen no key yet.
+NEG_BIG = -1.0e30
+MAX_PARTITIONS = 128
 
 
 def paged_attention_reference(
@@ -60,3 +82,228 @@ def paged_attention_reference(
         attn_mask=mask[:, None], scale=scale, enable_gqa=num_q_heads != num_kv_heads,
     )  # [num_seqs, Hq, max_q, D]
     return out.transpose(1, 2)[seq_of_token, row_of_token].to(query.dtype)
+
+
+@jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
+    scale_log2,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_slot, stride_cache_head, stride_block_table,
+    num_q_heads, num_partitions, partition_size,
+    GROUP: constexpr, HEAD_DIM: constexpr, BLOCK_SIZE: constexpr,
+    BLOCK_G: constexpr, BLOCK_Q: constexpr, BLOCK_N: constexpr, BLOCK_D: constexpr,
+    IS_DECODE: constexpr, IS_SPLIT: constexpr, DOT_PRECISION: constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_tile = tl.program_id(2) // num_partitions
+    part = tl.program_id(2) % num_partitions
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if IS_DECODE:
+        q_start = seq
+        q_len = 1
+    else:
+        q_start = tl.load(query_start_loc_ptr + seq)
+        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+
+    # Rows: query index in the tile (major) x query head in the group (minor).
+    rows = tl.arange(0, BLOCK_Q * BLOCK_G)
+    q_idx = q_tile * BLOCK_Q + rows // BLOCK_G
+    g_idx = rows % BLOCK_G
+    row_valid = (q_idx < q_len) & (g_idx < GROUP)
+    head = kv_head * GROUP + g_idx
+    q_pos = seq_len - q_len + q_idx
+    token = (q_start + q_idx).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_valid = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + token[:, None] * stride_q_token + head[:, None] * stride_q_head + d[None, :],
+        mask=row_valid[:, None] & d_valid[None, :], other=0.0,
+    )
+
+    # Causal bound of the tile (its last query's position + 1), clipped to this partition.
+    tile_q_end = tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
+    k_end = tl.where(q_tile * BLOCK_Q < q_len, seq_len - q_len + tile_q_end, 0)
+    lo = part * partition_size
+    hi = tl.minimum(k_end, lo + partition_size)
+
+    m_i = tl.full([BLOCK_Q * BLOCK_G], NEG_BIG, tl.float32)
+    l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        k_pos = start + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < hi
+        block_ids = tl.load(
+            block_tables_ptr + seq * stride_block_table + k_pos // BLOCK_SIZE, mask=k_valid, other=0
+        ).to(tl.int64)
+        offs = block_ids * stride_cache_block + (k_pos % BLOCK_SIZE) * stride_cache_slot + kv_head * stride_cache_head
+        kv_mask = k_valid[:, None] & d_valid[None, :]
+        k = tl.load(k_cache_ptr + offs[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, BLOCK_N], log2 units
+        s = tl.where((k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + offs[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if IS_SPLIT:
+        # Partials: part_out [T, Hq, P, D] (unnormalised), part_max / part_sum [T, Hq, P].
+        part_row = (token * num_q_heads + head) * num_partitions + part
+        tl.store(part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_valid[:, None] & d_valid[None, :])
+        tl.store(part_max_ptr + part_row, m_i, mask=row_valid)
+        tl.store(part_sum_ptr + part_row, l_i, mask=row_valid)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + token[:, None] * stride_out_token + head[:, None] * stride_out_head + d[None, :],
+            out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :],
+        )
+
+
+@jit
+def _reduce_partitions_kernel(
+    part_out_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr,
+    stride_out_token, stride_out_head, num_q_heads, num_partitions, partition_size,
+    HEAD_DIM: constexpr, BLOCK_D: constexpr, BLOCK_P: constexpr,
+):
+    # Decode only: token == sequence. Merges the partitions that hold any of its context.
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + token)
+    num_used = (seq_len + partition_size - 1) // partition_size
+    base = (token * num_q_heads + head) * num_partitions
+    p = tl.arange(0, BLOCK_P)
+    p_valid = p < num_used
+    m = tl.load(part_max_ptr + base + p, mask=p_valid, other=NEG_BIG)
+    m_max = tl.max(m, 0)
+    l = tl.load(part_sum_ptr + base + p, mask=p_valid, other=0.0)
+    total = tl.sum(l * tl.exp2(m - m_max), 0)
+    d = tl.arange(0, BLOCK_D)
+    d_valid = d < HEAD_DIM
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for i in range(0, num_used):
+        weight = tl.exp2(tl.load(part_max_ptr + base + i) - m_max)
+        acc += weight * tl.load(part_out_ptr + (base + i) * HEAD_DIM + d, mask=d_valid, other=0.0)
+    out = acc / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + token * stride_out_token + head * stride_out_head + d, out.to(out_ptr.dtype.element_ty), mask=d_valid)
+
+
+def _default_num_splits(device, num_seqs, num_kv_heads, max_seq_len, block_n):
+    """Splits so that decode launches about two programs per streaming multiprocessor."""
+    if device.type == "cuda":
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        num_sms = 16
+    wanted = -(-2 * num_sms // max(1, num_seqs * num_kv_heads))
+    # A partition smaller than a few tiles costs more in the reduce than it gains.
+    return max(1, min(wanted, max_seq_len // (4 * block_n), MAX_PARTITIONS))
+
+
+def paged_attention(
+    query, key_cache, value_cache, block_tables, seq_lens, scale,
+    query_start_loc=None, max_query_len=1, max_seq_len=None, num_splits=None,
+):
+    """Attention of new query tokens over their sequences' paged KV cache (Triton).
+
+    Args:
+        query: [num_tokens, num_heads, head_dim] fp16/bf16/fp32; last dim contiguous. For decode
+            (query_start_loc None) num_tokens == num_seqs, token i belongs to sequence i.
+        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], contiguous, same
+            dtype as query; num_heads % num_kv_heads == 0 (GQA; MQA when num_kv_heads == 1).
+        block_tables: [num_seqs, max_blocks] int32; row b lists sequence b's cache blocks in order.
+        seq_lens: [num_seqs] int32, each sequence's context length including its new tokens.
+        scale: softmax scale, usually head_dim ** -0.5.
+        query_start_loc: [num_seqs + 1] int32 offsets of each sequence's new tokens in `query`
+            (prefill/extend); the new tokens are the last q_len of the context, attention is causal.
+        max_query_len: the largest q_len in the batch (sizes the grid; must not be understated).
+        max_seq_len: the largest seq_len (sizes the split; read from seq_lens when None).
+        num_splits: KV partitions per decode sequence (flash-decoding); None picks by occupancy,
+            1 disables. Prefill/extend never splits.
+    Returns:
+        [num_tokens, num_heads, head_dim] in query's dtype.
+    """
+    if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            f"expected query [T, Hq, D] and caches [num_blocks, block_size, Hkv, D], got "
+            f"{tuple(query.shape)}, {tuple(key_cache.shape)}, {tuple(value_cache.shape)}"
+        )
+    num_tokens, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    if cache_head_dim != head_dim or num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"head_dim {head_dim} vs cache {cache_head_dim}, or Hq {num_q_heads} not a multiple of Hkv {num_kv_heads}")
+    check_dtype("query", query, FLOAT_DTYPES)
+    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
+        raise TypeError(f"cache dtypes {key_cache.dtype}/{value_cache.dtype} differ from query dtype {query.dtype}")
+    if query.stride(-1) != 1 or not key_cache.is_contiguous() or not value_cache.is_contiguous():
+        raise ValueError("query must be contiguous in head_dim and the caches contiguous")
+    num_seqs = seq_lens.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.dtype != torch.int32:
+        raise ValueError(f"block_tables must be [{num_seqs}, max_blocks] int32, got {tuple(block_tables.shape)} {block_tables.dtype}")
+    if seq_lens.dtype != torch.int32:
+        raise TypeError(f"seq_lens must be int32, got {seq_lens.dtype}")
+    is_decode = query_start_loc is None
+    if is_decode:
+        if num_tokens != num_seqs:
+            raise ValueError(f"decode needs one query token per sequence: {num_tokens} tokens, {num_seqs} sequences")
+        max_query_len = 1
+        query_start_loc = seq_lens  # unused by the decode kernel
+    elif query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
+        raise ValueError(f"query_start_loc must be [{num_seqs + 1}] int32, got {tuple(query_start_loc.shape)} {query_start_loc.dtype}")
+    check_same_device(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables, seq_lens=seq_lens)
+    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+    out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=query.dtype, device=query.device)
+    if num_tokens == 0:
+        return out
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+
+    group = num_q_heads // num_kv_heads
+    block_d = max(16, next_power_of_2(head_dim))
+    block_n = 32 if block_d > 64 else 64
+    if is_decode:
+        block_q, block_g = 1, max(16, next_power_of_2(group))
+        if num_splits is None:
+            num_splits = _default_num_splits(query.device, num_seqs, num_kv_heads, max_seq_len, block_n)
+    else:
+        block_g = next_power_of_2(group)
+        block_q = max(1, 64 // block_g)
+        num_splits = 1
+    num_splits = max(1, min(int(num_splits), MAX_PARTITIONS, -(-max_seq_len // 16)))
+    block_n = min(block_n, max(16, next_power_of_2(-(-max_seq_len // num_splits))))
+    partition_size = -(-max_seq_len // num_splits)
+    partition_size = -(-partition_size // block_n) * block_n
+    num_partitions = -(-max_seq_len // partition_size)
+    is_split = num_partitions > 1
+    num_q_tiles = -(-max_query_len // block_q)
+
+    if is_split:
+        part_out = torch.empty((num_tokens, num_q_heads, num_partitions, head_dim), dtype=torch.float32, device=query.device)
+        part_max = torch.empty((num_tokens, num_q_heads, num_partitions), dtype=torch.float32, device=query.device)
+        part_sum = torch.empty_like(part_max)
+    else:
+        part_out = part_max = part_sum = out
+    grid = (num_seqs, num_kv_heads, num_q_tiles * num_partitions)
+    runnable(_paged_attention_kernel, query.device)[grid](
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        out, part_out, part_max, part_sum,
+        float(scale) * LOG2_E,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
+        num_q_heads, num_partitions, partition_size,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_G=block_g, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
+        IS_DECODE=is_decode, IS_SPLIT=is_split,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+    )
+    if is_split:
+        runnable(_reduce_partitions_kernel, query.device)[(num_tokens, num_q_heads)](
+            part_out, part_max, part_sum, seq_lens, out,
+            out.stride(0), out.stride(1), num_q_heads, num_partitions, partition_size,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_partitions),
+        )
+    return out
