@@ -1,0 +1,119 @@
+"""ModelConfig: the fields of a Hugging Face Llama-family config.json that the runtime uses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class ConfigError(ValueError):
+    """A checkpoint's config.json describes something this runtime cannot run."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    dtype: torch.dtype
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+    rope_scaling: dict | None = None  # {"rope_type": "linear"|"llama3", "factor": ..., ...}; None = plain RoPE
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, dtype: str | torch.dtype | None = None) -> ModelConfig:
+        """Reads config.json (and generation_config.json for extra EOS ids) from a checkpoint directory."""
+        model_dir = Path(model_dir)
+        path = model_dir / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"{model_dir} has no config.json")
+        hf = json.loads(path.read_text())
+        gen_path = model_dir / "generation_config.json"
+        generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        return cls.from_hf(hf, name=model_dir.name, dtype=dtype, generation=generation)
+
+    @classmethod
+    def from_hf(cls, hf: dict, name: str = "model", dtype: str | torch.dtype | None = None,
+                generation: dict | None = None) -> ModelConfig:
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        if hf.get("sliding_window") and hf["sliding_window"] < hf.get("max_position_embeddings", 0):
+            raise ConfigError(f"sliding-window attention (sliding_window={hf['sliding_window']}) is not supported")
+        num_heads = hf["num_attention_heads"]
+        hidden_size = hf["hidden_size"]
+        theta, scaling = _rope(hf)
+        eos_ids = _as_ids(hf.get("eos_token_id")) + _as_ids((generation or {}).get("eos_token_id"))
+        return cls(
+            name=name,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hidden_size,
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hidden_size // num_heads,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            dtype=resolve_dtype(dtype if dtype is not None else hf.get("dtype") or hf.get("torch_dtype")),
+            eos_token_ids=list(dict.fromkeys(eos_ids)),
+            bos_token_id=hf.get("bos_token_id"),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", False)),
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+        )
+
+
+def resolve_dtype(value: str | torch.dtype | None) -> torch.dtype:
+    """torch dtype from a name ("float32", "float16", "bfloat16", "torch.float16"); float32 when unset."""
+    if value is None or value == "auto":
+        return torch.float32
+    if isinstance(value, torch.dtype):
+        return value
+    key = str(value).removeprefix("torch.")
+    if key not in DTYPES:
+        raise ConfigError(f"dtype {value!r} is not supported (supported: {', '.join(DTYPES)})")
+    return DTYPES[key]
+
+
+def _rope(hf: dict) -> tuple[float, dict | None]:
+    # Older configs carry rope_theta + rope_scaling; transformers 5 writes rope_parameters with rope_theta inside.
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or {})
+    merged = {**params, **scaling}
+    theta = float(merged.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError(f"rope type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+    if rope_type == "default":
+        return theta, None
+    merged["rope_type"] = rope_type
+    if rope_type == "llama3":
+        merged.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
+    return theta, merged
+
+
+def _as_ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]

@@ -1,0 +1,116 @@
+"""Loads a Hugging Face Llama-family checkpoint directory into the runtime's model, tokenizer and config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ModelConfig
+from .device import pick_device
+from .kernels import get_ops
+from .model import LlamaModel
+from .tokenizer import Tokenizer
+
+# Checkpoint projection name -> (fused parameter in our model, index of its row range).
+_FUSED = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint's weight files are missing, incomplete or do not match its config."""
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    config: ModelConfig
+    tokenizer: Tokenizer
+    device: torch.device
+
+
+def load_model(model_dir: str | Path, dtype: str | torch.dtype | None = None,
+               device: str | torch.device | None = None, kernels: str = "auto") -> LoadedModel:
+    """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's."""
+    model_dir = Path(model_dir)
+    config = ModelConfig.from_dir(model_dir, dtype=dtype)
+    tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
+    if not config.eos_token_ids and tokenizer.eos_token_ids:
+        config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    device = pick_device(device)
+    with torch.device("meta"):
+        model = LlamaModel(config, get_ops(kernels)).to(config.dtype)
+    model = model.to_empty(device=device)
+    if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
+        model.lm_head.weight = model.embed_tokens.weight
+    load_weights(model, read_safetensors(model_dir))
+    model.init_rope()
+    return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
+
+
+def read_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of model.safetensors or the shards listed in its index."""
+    index_path = model_dir / "model.safetensors.index.json"
+    if index_path.is_file():
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    else:
+        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir} has no *.safetensors weights")
+    for name in files:
+        path = model_dir / name
+        if not path.is_file():
+            raise CheckpointError(f"{model_dir} lacks shard {name} named in its index")
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
+
+
+@torch.no_grad()
+def load_weights(model: LlamaModel, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Copies Hugging Face-named tensors into the model, filling fused q/k/v and gate/up row ranges."""
+    config = model.config
+    params = dict(model.named_parameters())
+    expected = {name: _num_parts(name) for name in params}
+    loaded: dict[str, set[int]] = {}
+    for hf_name, tensor in weights:
+        name = hf_name.removeprefix("model.")
+        if name.endswith(_IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
+            continue
+        part = None
+        module, _, leaf = name.rpartition(".")
+        prefix, _, proj = module.rpartition(".")
+        if proj in _FUSED:
+            fused, part = _FUSED[proj]
+            name = f"{prefix}.{fused}.{leaf}"
+        if name not in params:
+            raise CheckpointError(f"checkpoint tensor {hf_name!r} has no place in a {config.num_layers}-layer Llama")
+        target = params[name] if part is None else params[name].narrow(0, *_row_range(config, name, part))
+        if target.shape != tensor.shape:
+            raise CheckpointError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)}, config implies {tuple(target.shape)}")
+        target.copy_(tensor)
+        loaded.setdefault(name, set()).add(part or 0)
+    missing = [name for name, parts in expected.items() if len(loaded.get(name, ())) != parts]
+    if missing:
+        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+
+
+def _num_parts(name: str) -> int:
+    return 3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1
+
+
+def _row_range(config: ModelConfig, name: str, part: int) -> tuple[int, int]:
+    """(start, length) of one projection's rows inside a fused parameter."""
+    if ".qkv_proj." in name:
+        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        return [(0, q), (q, kv), (q + kv, kv)][part]
+    return part * config.intermediate_size, config.intermediate_size

@@ -1,0 +1,152 @@
+"""Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a paged KV cache."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import AttentionMetadata, KVCache
+from .config import ModelConfig
+from .kernels import KernelOps
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """[head_dim // 2] float32 inverse frequencies, with linear or Llama-3 scaling when configured."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_cos_sin_cache(config: ModelConfig, device: torch.device) -> torch.Tensor:
+    """[max_position_embeddings, head_dim] float32: first half cos, second half sin of position * inv_freq."""
+    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    freqs = positions[:, None] * rope_inv_freq(config)[None, :]  # [max_pos, head_dim // 2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, ops: KernelOps):
+        super().__init__()
+        self.ops = ops
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        # q, k and v projections fused into one matmul; the loader fills the three row ranges.
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)     # q: [T, Hq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, Hkv, D]
+        q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
+        key_cache, value_cache = kv_cache
+        self.ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        if meta.is_decode_only:
+            out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale)
+        else:
+            out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                           query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len,
+                                           max_seq_len=meta.max_seq_len)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, ops: KernelOps):
+        super().__init__()
+        self.ops = ops
+        # gate and up projections fused: rows [0, I) gate, [I, 2I) up.
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, hidden]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float, ops: KernelOps):
+        super().__init__()
+        self.ops, self.eps = ops, eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)  # (normed, x + residual)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, ops: KernelOps):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = Attention(config, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = MLP(config, ops)
+
+    def forward(self, h, residual, positions, cos_sin_cache, kv_cache, meta):
+        # The residual stream is carried separately so each norm fuses the preceding residual add.
+        x, residual = self.input_layernorm(h, residual)
+        x = self.self_attn(x, positions, cos_sin_cache, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, ops: KernelOps):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, ops) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
+
+    def init_rope(self) -> None:
+        """Builds the RoPE table on the model's device (call after the weights are in place)."""
+        self.cos_sin_cache = rope_cos_sin_cache(self.config, self.embed_tokens.weight.device)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [T] int64 -> hidden states [T, hidden] (final norm applied)."""
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h, residual = layer(h, residual, positions, self.cos_sin_cache, kv_cache, meta)
+        h, _ = self.norm(h, residual)
+        return h
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # [N, hidden] -> [N, vocab] float32
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
+        """One (key_cache, value_cache) per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+        c = self.config
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        device = self.embed_tokens.weight.device
+        return [(torch.zeros(shape, dtype=c.dtype, device=device), torch.zeros(shape, dtype=c.dtype, device=device))
+                for _ in range(c.num_layers)]
+
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        c = self.config
+        return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * c.dtype.itemsize

@@ -1,0 +1,57 @@
+"""Shared fixtures: the built-in demo model and tiny random-weight Hugging Face Llama checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """The built-in model in Hugging Face format (trained once, then cached under $INFERFLEET_CACHE)."""
+    from inferfleet_runtime.demo_model import ensure_demo_model
+    return ensure_demo_model()
+
+
+TINY_LLAMA = dict(
+    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+)
+
+
+def make_tiny_llama(out_dir: Path, seed: int = 0, max_shard_size: str | None = None, **overrides) -> Path:
+    """Saves a random-weight transformers LlamaForCausalLM (plus a small tokenizer) to out_dir."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from inferfleet_runtime import demo_text
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**TINY_LLAMA, **overrides})
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # default init is tiny; wider weights give less flat logits (fewer argmax near-ties)
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.15)
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out_dir, **save_kwargs)
+    tokenizer = demo_text.train_tokenizer(demo_text.zen_text(), vocab_size=300)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(demo_text.tokenizer_config(256)))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_factory(tmp_path_factory):
+    """make(name, **config_overrides) -> checkpoint directory; each name is built once per session."""
+    built: dict[str, Path] = {}
+
+    def make(name: str, **kwargs) -> Path:
+        if name not in built:
+            built[name] = make_tiny_llama(tmp_path_factory.mktemp(name), **kwargs)
+        return built[name]
+
+    return make
