@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .api import DEFAULT_SETTINGS, PlanSettings
+from . import conditions as c
+from . import manifests as m
+from .api import (
+    API_VERSION,
+    DEFAULT_SETTINGS,
+    BuildPlacement,
+    EngineBuildSpec,
+    InferenceRuntime,
+    InferenceService,
+    PlanSettings,
+    SpecError,
+    Toleration,
+    from_dict,
+    parse_runtime,
+    parse_service,
+)
+from .choice import Excluded, PoolChoice, choose_runtimes
 from .conditions import PlannedEvent
+from .engine_key import engine_key
+from .manifests import ENGINE_KEY_ANNOTATION, PoolServing
+from .pools import Pool, group_pools
+from .replicas import distribute, pool_capacity
+from .service_status import build_status, pool_events
 
-# Labels and annotations the planner writes (manifests.py uses the same constants).
-ENGINE_KEY_ANNOTATION = "inferfleet.dev/engine-key"  # on a pool Deployment: the compiled engine it serves ("" = paged)
+__all__ = ["ENGINE_KEY_ANNOTATION", "ClusterView", "ServicePlan", "cluster_view", "plan_service", "plan_service_in"]
 
 
 @dataclass
@@ -18,13 +39,13 @@ class ServicePlan:
 
     engine_builds: desired EngineBuild objects (full manifests: apiVersion, kind, metadata, spec), one per
         engine key some pool of this service needs now (the one being built and, during an envelope change,
-        the one still serving). Apply them; never delete builds from here (GC is by reference, builds.py).
+        the one still serving). Apply them; never delete builds from here (GC is by reference, builds.plan_gc).
     children: desired Deployments (one per serving pool), the Service and the PodDisruptionBudget, with
         ownerReferences to the InferenceService. Children labelled inferfleet.dev/service=<name> that are
         not in this list are stale and should be deleted.
     status: the whole InferenceService .status (observedGeneration, conditions, endpoint, pools,
-        excludedPools, poolCount, runtimes). Deterministic: equal inputs give an equal dict, so a no-op
-        resync can skip the status write by comparing with the stored status.
+        excludedPools, poolCount, runtimes, replicas, readyReplicas). Deterministic: equal inputs give an
+        equal dict, so a no-op resync can skip the status write by comparing with the stored status.
     events: Events worth a person's attention, only for changes against the previous status.
     requeue_after: seconds until the plan should be recomputed even without a watch event (None: no timer).
     """
@@ -34,6 +55,26 @@ class ServicePlan:
     status: dict = field(default_factory=dict)
     events: list[PlannedEvent] = field(default_factory=list)
     requeue_after: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Nodes classified into pools and runtimes parsed: computed once per change of nodes or runtimes and shared
+    by every service's plan (1,000 nodes are not re-classified 500 times)."""
+
+    pools: tuple[Pool, ...]
+    runtimes: tuple[InferenceRuntime, ...]
+    invalid_runtimes: tuple[tuple[str, str], ...]  # (name, why) for runtime objects that do not parse
+
+
+def cluster_view(nodes: list[dict], runtimes: list[dict]) -> ClusterView:
+    parsed, invalid = [], []
+    for obj in runtimes:
+        try:
+            parsed.append(parse_runtime(obj))
+        except SpecError as error:
+            invalid.append(((obj.get("metadata") or {}).get("name", ""), str(error)))
+    return ClusterView(tuple(group_pools(nodes)), tuple(parsed), tuple(invalid))
 
 
 def plan_service(
@@ -57,4 +98,188 @@ def plan_service(
     now: the time used for condition transitions.
     Raises api.SpecError for a spec the CRD rules should have refused.
     """
-    raise NotImplementedError("plan_service is being written")
+    return plan_service_in(cluster_view(nodes, runtimes), service, builds, deployments, now, settings)
+
+
+# ------------------------------------------------------------------ per-service node filtering
+
+
+def _tolerates(tolerations: tuple[Toleration, ...], taint: dict) -> bool:
+    for tol in tolerations:
+        if tol.effect and tol.effect != taint.get("effect"):
+            continue
+        if tol.operator == "Exists" and (not tol.key or tol.key == taint.get("key")):
+            return True
+        if tol.key == taint.get("key") and tol.value == taint.get("value", ""):
+            return True
+    return False
+
+
+def _node_blocker(info, service: InferenceService) -> str:
+    placement = service.spec.placement
+    for key, value in placement.node_selector.items():
+        if info.labels.get(key) != value:
+            return f"label {key}={value} (placement.nodeSelector) missing"
+    for taint in info.taints:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(placement.tolerations, taint):
+            return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not in placement.tolerations"
+    return ""
+
+
+def _service_pool(pool: Pool, service: InferenceService) -> Pool | Excluded:
+    """The pool restricted to the nodes this service may use (nodeSelector, taints)."""
+    blockers = [(info, _node_blocker(info, service)) for info in pool.nodes]
+    keep = [info for info, why in blockers if not why]
+    if len(keep) == len(pool.nodes):
+        return pool
+    if not keep:
+        first = blockers[0]
+        return Excluded(pool, f"NodesNotUsable: {len(blockers)} node(s), e.g. {first[0].name}: {first[1]}")
+    return dataclasses.replace(
+        pool,
+        node_names=tuple(i.name for i in keep),
+        node_gpus=tuple(i.gpu_count for i in keep),
+        node_cpu_millis=tuple(i.cpu_millis for i in keep),
+        gpus_per_node=min(i.gpu_count for i in keep),
+        nodes=tuple(keep),
+    )
+
+
+# ------------------------------------------------------------------ the plan
+
+
+def _runtime_identity(runtime: InferenceRuntime) -> str:
+    """What the engine depends on besides model and envelope: the compiler and the server that loads it."""
+    return f"compile={runtime.spec.compile_image};serve={runtime.spec.image}"
+
+
+def _build_state(build: dict | None) -> str:
+    return ((build or {}).get("status") or {}).get("state") or "Pending"
+
+
+def _build_spec(service: InferenceService, choice: PoolChoice, key: str, view: ClusterView, existing: dict | None) -> EngineBuildSpec:
+    runtime, pool = choice.runtime, choice.pool
+    if existing is not None:
+        try:
+            return from_dict(EngineBuildSpec, existing.get("spec"))
+        except SpecError:
+            pass  # an unreadable build is rewritten from this service's view
+    # Every eligible node of the vendor and architecture: the same answer for every service sharing the key.
+    node_names = sorted(
+        name for p in view.pools if p.vendor == pool.vendor and p.architecture == pool.architecture for name in p.node_names
+    )
+    spec = service.spec
+    return EngineBuildSpec(
+        engine_key=key,
+        model_uri=spec.model.uri,
+        revision=spec.model.revision,
+        envelope=spec.engine,
+        vendor=pool.vendor,
+        architecture=pool.architecture,
+        image=runtime.spec.image,
+        compile_image=runtime.spec.compile_image,
+        gpu_resource=runtime.spec.gpu_resource or pool.gpu_resource,
+        gpus=spec.engine.tensor_parallel_size,
+        placement=BuildPlacement(node_names=tuple(node_names), tolerations=spec.placement.tolerations),
+    )
+
+
+def _serving_key(deployment: dict | None) -> str:
+    return ((deployment or {}).get("metadata") or {}).get("annotations", {}).get(ENGINE_KEY_ANNOTATION, "")
+
+
+def _plan_pool(service, choice: PoolChoice, replicas: int, view, builds, deployments, wanted_builds) -> tuple[dict, PoolServing | None]:
+    """One pool's status entry and what its Deployment serves (None: no Deployment)."""
+    pool, spec = choice.pool, service.spec
+    gpu_resource = "" if pool.vendor == "cpu" else (choice.runtime.spec.gpu_resource or pool.gpu_resource)
+    entry = {
+        "name": pool.name, "vendor": pool.vendor, "product": pool.product, "architecture": pool.architecture,
+        "nodes": pool.num_nodes, "runtime": choice.runtime.name, "engine": choice.engine, "choiceReason": choice.reason,
+        "desiredReplicas": replicas,
+    }  # fmt: skip
+
+    def paged(reason: str, runtime: InferenceRuntime | None):
+        entry.update(reason=reason, servingEngine="Paged")
+        if runtime is None:
+            entry.update(servingEngine="None", desiredReplicas=0)
+            return None
+        entry["servingRuntime"] = runtime.name
+        paged_resource = "" if pool.vendor == "cpu" else (runtime.spec.gpu_resource or pool.gpu_resource)
+        return PoolServing(pool, runtime, "Paged", "", replicas, paged_resource)
+
+    if choice.engine == "Paged":
+        return entry, paged(c.REASON_SERVING_PAGED, choice.runtime)
+
+    key = engine_key(spec.model.uri, spec.model.revision, spec.engine, pool.architecture, _runtime_identity(choice.runtime))
+    wanted_builds.setdefault(key, _build_spec(service, choice, key, view, builds.get(key)))
+    state = _build_state(builds.get(key))
+    entry.update(engineBuild=key, buildState=state)
+    current_key = _serving_key(deployments.get(m.deployment_name(service.meta.name, pool.name)))
+    if state == "Ready":
+        entry.update(reason=c.REASON_SERVING_COMPILED, servingEngine="Compiled", servingEngineBuild=key)
+        return entry, PoolServing(pool, choice.runtime, "Compiled", key, replicas, gpu_resource)
+    if current_key and current_key != key and _build_state(builds.get(current_key)) == "Ready":
+        # Envelope (or image) changed: the previous engine serves until the new one is Ready.
+        wanted_builds.setdefault(current_key, _build_spec(service, choice, current_key, view, builds.get(current_key)))
+        entry.update(reason=c.REASON_SERVING_PREVIOUS_ENGINE, servingEngine="Compiled", servingEngineBuild=current_key)
+        return entry, PoolServing(pool, choice.runtime, "Compiled", current_key, replicas, gpu_resource)
+    if state == "Failed":
+        if spec.runtime.fallback == "Paged":
+            return entry, paged(c.REASON_FALLBACK_PAGED, choice.paged_runtime)
+        entry.update(reason=c.REASON_BUILD_FAILED_NO_FALLBACK, servingEngine="None")
+        return entry, None
+    if spec.runtime.bridge:
+        return entry, paged(c.REASON_BRIDGING, choice.paged_runtime)
+    entry.update(reason=c.REASON_WAITING_FOR_BUILD, servingEngine="None")
+    return entry, None
+
+
+def plan_service_in(
+    view: ClusterView,
+    service_obj: dict,
+    builds: dict[str, dict],
+    deployments: dict[str, dict],
+    now: datetime,
+    settings: PlanSettings = DEFAULT_SETTINGS,
+) -> ServicePlan:
+    """plan_service over a precomputed ClusterView."""
+    service = parse_service(service_obj)
+    spec = service.spec
+    usable, excluded = [], []
+    for pool in view.pools:
+        result = _service_pool(pool, service) if pool.node_names else pool
+        (excluded if isinstance(result, Excluded) else usable).append(result)
+    choices, not_chosen = choose_runtimes(spec, usable, list(view.runtimes))
+    excluded += not_chosen
+
+    capacities = {ch.pool.name: pool_capacity(ch.pool, spec.resources.gpus_per_replica, spec.resources.cpu) for ch in choices}
+    overrides = {o.name: o.replicas for o in spec.pools}
+    distribution = distribute(spec.replicas, capacities, overrides)
+
+    owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
+    wanted_builds: dict[str, EngineBuildSpec] = {}
+    entries, children = [], []
+    for choice in choices:
+        replicas = distribution.replicas[choice.pool.name]
+        entry, serving = _plan_pool(service, choice, replicas, view, builds, deployments, wanted_builds)
+        name = m.deployment_name(service.meta.name, choice.pool.name)
+        entry["readyReplicas"] = int(((deployments.get(name) or {}).get("status") or {}).get("readyReplicas") or 0)
+        if capacities[choice.pool.name] == 0:
+            entry["reason"] = c.REASON_NO_CAPACITY
+            entry["message"] = f"no node has {spec.resources.gpus_per_replica} allocatable {choice.pool.gpu_resource or 'cpu'}"
+        if serving is not None and replicas > 0:
+            children.append(m.deployment_for_pool(service, serving, settings))
+        entries.append(entry)
+    children += [m.service_for(service, settings), m.pdb_for(service)]
+    for child in children:
+        child["metadata"]["ownerReferences"] = [owner]
+
+    engine_builds = []
+    for key in sorted(wanted_builds):
+        refs = [k.removeprefix(m.REF_LABEL_PREFIX) for k in ((builds.get(key) or {}).get("metadata") or {}).get("labels", {}) if k.startswith(m.REF_LABEL_PREFIX)]
+        engine_builds.append(m.engine_build_for(service.meta.namespace, wanted_builds[key], refs + [service.meta.name]))
+
+    previous = service.status
+    status = build_status(service, entries, excluded, distribution.num_unplaced, m.endpoint_for(service, settings), now)
+    events = pool_events(previous, status)
+    return ServicePlan(engine_builds=engine_builds, children=children, status=status, events=events)

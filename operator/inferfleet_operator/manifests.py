@@ -1,0 +1,316 @@
+"""Builders of the objects the operator applies: pool Deployments, the Service, the PodDisruptionBudget, EngineBuilds, compile Jobs."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from .api import API_VERSION, EngineBuildSpec, InferenceRuntime, InferenceService, PlanSettings, Toleration, to_dict, uri_scheme
+from .pools import Pool
+
+NAME_LABEL = "app.kubernetes.io/name"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+SERVICE_LABEL = "inferfleet.dev/service"
+POOL_LABEL = "inferfleet.dev/pool"
+ENGINE_LABEL = "inferfleet.dev/engine"  # "paged" | "compiled"
+ENGINE_KEY_LABEL = "inferfleet.dev/engine-key"
+BUILD_LABEL = "inferfleet.dev/engine-build"
+REF_LABEL_PREFIX = "ref.inferfleet.dev/"  # on an EngineBuild: one label per referencing InferenceService
+ENGINE_KEY_ANNOTATION = "inferfleet.dev/engine-key"  # on a pool Deployment: the compiled engine it serves
+RUNTIME_ANNOTATION = "inferfleet.dev/runtime"
+ATTEMPT_ANNOTATION = "inferfleet.dev/attempt"
+MANAGER = "inferfleet-operator"
+RUN_AS = 1000  # the runtime images' non-root user
+COMPILE_DEADLINE_SECONDS = 7200
+
+
+def common_labels(service: str | None = None, pool: str | None = None) -> dict:
+    labels = {NAME_LABEL: "inferfleet", MANAGED_BY_LABEL: MANAGER}
+    if service is not None:
+        labels[SERVICE_LABEL] = service
+    if pool is not None:
+        labels[POOL_LABEL] = pool
+    return labels
+
+
+def bounded_name(*parts: str, limit: int = 63) -> str:
+    """Join with "-"; past `limit`, cut and append a short hash so distinct inputs stay distinct."""
+    name = "-".join(parts)
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
+def deployment_name(service: str, pool: str) -> str:
+    return bounded_name(service, pool)
+
+
+def ref_label(service: str) -> str:
+    return REF_LABEL_PREFIX + bounded_name(service)
+
+
+@dataclass(frozen=True)
+class PoolServing:
+    """What one pool's Deployment serves."""
+
+    pool: Pool
+    runtime: InferenceRuntime  # whose image serves
+    engine: str  # "Paged" | "Compiled"
+    engine_key: str  # the compiled engine served ("" when paged)
+    replicas: int
+    gpu_resource: str  # "" for cpu pools
+
+
+# ------------------------------------------------------------------ pod pieces
+
+
+def _pod_security() -> dict:
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _container_security() -> dict:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _tolerations(tolerations: tuple[Toleration, ...]) -> list[dict]:
+    """Toleration models -> pod tolerations, leaving out empty strings (empty effect means every effect)."""
+    return [{k: v for k, v in to_dict(t).items() if v != "" or k == "key"} for t in tolerations]
+
+
+def _model_source(uri: str, revision: str, settings: PlanSettings) -> tuple[str, dict, list[dict]]:
+    """-> (model directory in the pod, the "model" volume, init containers that fill it)."""
+    scheme = uri_scheme(uri)
+    rest = uri.split("://", 1)[1]
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return f"{settings.model_mount}/{path.strip('/')}", volume, []
+    if scheme == "file":
+        volume = {"name": "model", "hostPath": {"path": rest, "type": "Directory"}}
+        return settings.model_mount, volume, []
+    directory = f"{settings.model_mount}/model"
+    args = ["fetch", "--uri", uri, "--to", directory]
+    if revision and revision != "main":
+        args += ["--revision", revision]
+    return directory, {"name": "model", "emptyDir": {}}, [args]
+
+
+def _fetch_container(image: str, args: list[str], settings: PlanSettings) -> dict:
+    return {
+        "name": "fetch-model",
+        "image": image,
+        "command": ["inferfleet-runtime"],
+        "args": args,
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "securityContext": _container_security(),
+        "volumeMounts": [{"name": "model", "mountPath": settings.model_mount}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def _node_affinity(pool: Pool) -> dict:
+    """Pin to the pool: by its product label when every node carries one (no roll when nodes join), else by
+    node name (matchFields metadata.name: exact, but the pod template changes as nodes join or leave)."""
+    if pool.pool_label is not None:
+        key, value = pool.pool_label
+        term = {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+    else:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(pool.node_names)}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def _envelope_args(envelope) -> list[str]:
+    return [
+        "--max-context-length", str(envelope.max_context_length),
+        "--max-batch-size", str(envelope.max_batch_size),
+        "--dtype", envelope.dtype,
+        "--tensor-parallel-size", str(envelope.tensor_parallel_size),
+        "--block-size", str(envelope.block_size),
+    ]  # fmt: skip
+
+
+def _probe(path: str, period: int, failures: int) -> dict:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5}
+
+
+# ------------------------------------------------------------------ builders
+
+
+def deployment_for_pool(service: InferenceService, serving: PoolServing, settings: PlanSettings) -> dict:
+    spec = service.spec
+    name = deployment_name(service.meta.name, serving.pool.name)
+    labels = common_labels(service.meta.name, serving.pool.name) | {ENGINE_LABEL: serving.engine.lower(), COMPONENT_LABEL: "server"}
+    annotations = {ENGINE_KEY_ANNOTATION: serving.engine_key, RUNTIME_ANNOTATION: serving.runtime.name}
+    image = serving.runtime.spec.image
+    volumes = [{"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}]
+    init_containers = []
+    if serving.engine == "Compiled":
+        engine_dir = f"{settings.engine_cache_mount}/{serving.engine_key}"
+        args = ["serve", "--engine-dir", engine_dir, "--engine", "compiled"]
+        volumes.append({"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}})
+        mounts.append({"name": "engines", "mountPath": settings.engine_cache_mount, "readOnly": True})
+    else:
+        model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings)
+        args = ["serve", "--model", model_dir, "--engine", "paged"] + _envelope_args(spec.engine)
+        volumes.append(volume)
+        mounts.append({"name": "model", "mountPath": settings.model_mount, "readOnly": True})
+        init_containers = [_fetch_container(image, a, settings) for a in fetches]
+    args += ["--port", str(settings.port), "--served-model-name", spec.model.name]
+    limits = {"memory": spec.resources.memory}
+    if serving.gpu_resource:
+        limits[serving.gpu_resource] = str(spec.resources.gpus_per_replica)
+    container = {
+        "name": "server",
+        "image": image,
+        "command": ["inferfleet-runtime"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, "limits": limits},
+        # Loading weights can take minutes: the startup probe holds liveness off for up to 20 minutes.
+        "startupProbe": _probe("/health", 10, 120),
+        "livenessProbe": _probe("/health", 10, 3),
+        "readinessProbe": _probe("/ready", 5, 2),
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+    pod_spec = {
+        "affinity": _node_affinity(serving.pool),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    if spec.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.placement.node_selector.items()))
+    if spec.placement.tolerations:
+        pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": service.meta.namespace, "labels": labels, "annotations": annotations},
+        "spec": {
+            "replicas": serving.replicas,
+            "selector": {"matchLabels": common_labels(service.meta.name, serving.pool.name)},
+            # Surge before removing: a serving replica goes away only once its replacement is ready.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def service_for(service: InferenceService, settings: PlanSettings) -> dict:
+    """One Service over every pool's pods (selector: inferfleet.dev/service)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service.meta.name, "namespace": service.meta.namespace, "labels": common_labels(service.meta.name)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"},
+            "ports": [{"name": "http", "port": settings.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def endpoint_for(service: InferenceService, settings: PlanSettings) -> str:
+    return f"http://{service.meta.name}.{service.meta.namespace}.svc:{settings.port}/v1"
+
+
+def pdb_for(service: InferenceService) -> dict:
+    """At most one serving pod of the service disrupted at a time (maxUnavailable, so a 1-replica service
+    still drains)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": service.meta.name, "namespace": service.meta.namespace, "labels": common_labels(service.meta.name)},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}}},
+    }
+
+
+def engine_build_for(namespace: str, spec: EngineBuildSpec, references: list[str]) -> dict:
+    """An EngineBuild named by its key; one ref label per referencing service (GC reads references from
+    services' status, the labels are for people and selectors)."""
+    labels = common_labels() | {ENGINE_KEY_LABEL: spec.engine_key}
+    labels.update({ref_label(name): "true" for name in sorted(set(references))})
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "EngineBuild",
+        "metadata": {"name": spec.engine_key, "namespace": namespace, "labels": labels},
+        "spec": to_dict(spec),
+    }
+
+
+def compile_backend(vendor: str) -> str:
+    return "tensorrt" if vendor == "nvidia" else "aotinductor"
+
+
+def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: int, settings: PlanSettings) -> dict:
+    """The Job of one attempt of a build. backoffLimit 0: retries are EngineBuild attempts, each its own Job."""
+    job_name = bounded_name(name, str(attempt))
+    labels = common_labels() | {BUILD_LABEL: name, ENGINE_KEY_LABEL: spec.engine_key, COMPONENT_LABEL: "compiler"}
+    annotations = {ATTEMPT_ANNOTATION: str(attempt)}
+    model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings)
+    out = f"{settings.engine_cache_mount}/{spec.engine_key}"
+    args = ["compile", "--model", model_dir, "--out", out, "--backend", compile_backend(spec.vendor)]
+    args += _envelope_args(spec.envelope) + ["--engine-key", spec.engine_key, "--target-architecture", spec.architecture]
+    limits = {"memory": "32Gi"}
+    if spec.gpu_resource:
+        limits[spec.gpu_resource] = str(spec.gpus)
+    container = {
+        "name": "compile",
+        "image": spec.compile_image,
+        "command": ["inferfleet-runtime"],
+        "args": args,
+        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": limits},
+        "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "model", "mountPath": settings.model_mount, "readOnly": not fetches},
+            {"name": "engines", "mountPath": settings.engine_cache_mount},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [
+            model_volume,
+            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if fetches:
+        pod_spec["initContainers"] = [_fetch_container(spec.compile_image, a, settings) for a in fetches]
+    if spec.placement.node_names:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(spec.placement.node_names)}]}
+        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    if spec.placement.tolerations:
+        pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name, "namespace": namespace, "labels": labels, "annotations": annotations},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": COMPILE_DEADLINE_SECONDS,
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict:
+    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True, "blockOwnerDeletion": True}
