@@ -1,55 +1,70 @@
-"""Guarded Triton import and the choice between compiled and interpreted kernels.
+"""Lazy Triton: kernels are `triton.jit`-ed at first launch, so importing the package never imports triton.
 
-Triton decides at decoration time whether `@triton.jit` yields a compiled or an interpreted
-function (TRITON_INTERPRET=1). Kernels here are decorated when their module is imported, which
-may happen before a test sets the variable; `runnable` therefore re-wraps a compiled kernel's
-Python function in the interpreter when the tensors live on the CPU.
+Triton fixes at decoration time whether `triton.jit` yields a compiled or an interpreted
+(TRITON_INTERPRET=1) function, and its standard library (`tl.zeros`, `tl.max`, ...) is decorated
+when `triton` is first imported. Deferring both to the first launch lets a process (a test) set
+TRITON_INTERPRET=1 after importing the runtime and still run the kernels on CPU tensors.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the reference backend works without triton
-    triton = None
-    tl = None
-
-HAS_TRITON = triton is not None
-
-# Kernel parameters are annotated `constexpr`; with postponed annotations triton (compiler and
-# interpreter) reads the string "constexpr", and the modules import without triton.
-constexpr = tl.constexpr if HAS_TRITON else object
-
-
-def jit(fn):
-    """`triton.jit` when triton is importable; otherwise the plain function (never launched)."""
-    return triton.jit(fn) if HAS_TRITON else fn
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-def runnable(kernel, device: torch.device):
-    """The kernel as launchable for tensors on `device` (`kernel[grid](...)`)."""
-    if not HAS_TRITON:
-        raise RuntimeError("the triton kernels need the `triton` package; use kernels='reference'")
-    if device.type != "cpu":
-        return kernel
-    if not is_interpreting():
-        raise RuntimeError(
-            "triton kernels on CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1"
-        )
+class TritonKernel:
+    """A kernel function; `on(device)` gives the `triton.jit` function to launch as `[grid](...)`.
+
+    The kernel body refers to `tl`; it is bound to `triton.language` in the kernel's module at first
+    launch (a deferred import). Parameters annotated `"constexpr"` are Triton compile-time constants.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._jitted: dict[bool, object] = {}  # keyed by "interpreted"
+
+    def on(self, device: torch.device):
+        if not HAS_TRITON:
+            raise RuntimeError("the triton kernels need the `triton` package; use kernels='reference'")
+        interpret = is_interpreting()
+        if device.type == "cpu" and not interpret:
+            raise RuntimeError(
+                "triton kernels on CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1"
+            )
+        if interpret not in self._jitted:
+            import triton
+            import triton.language as tl
+
+            if interpret:
+                check_interpreter_ready()
+            self.fn.__globals__["tl"] = tl
+            self._jitted[interpret] = triton.jit(self.fn)
+        return self._jitted[interpret]
+
+
+def triton_kernel(fn) -> TritonKernel:
+    """Marks a Triton kernel (the `triton.jit` decorator, applied at first launch)."""
+    return TritonKernel(fn)
+
+
+def check_interpreter_ready() -> None:
+    """Raises when triton was imported before TRITON_INTERPRET=1 was set (its library is compiled-only)."""
+    import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    if isinstance(kernel, InterpretedFunction):
-        return kernel
-    return InterpretedFunction(kernel.fn)
+    if not isinstance(tl.standard.zeros, InterpretedFunction):
+        raise RuntimeError(
+            "triton was imported before TRITON_INTERPRET=1 was set, so its library cannot be interpreted; "
+            "set TRITON_INTERPRET=1 in the environment before the process imports triton"
+        )
 
 
 def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import constexpr, check_dtype, check_last_dim_contiguous, jit, next_power_of_2, runnable, tl
+from ._triton import check_dtype, check_last_dim_contiguous, next_power_of_2, triton_kernel
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -19,8 +19,10 @@ def silu_and_mul_reference(x):
     gate, up = x.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(x.dtype)
 
+tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
-@jit
+
+@triton_kernel
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, intermediate_size, BLOCK: constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -43,5 +45,5 @@ def silu_and_mul(x):
         return out
     block = min(1024, next_power_of_2(intermediate_size))
     grid = (num_tokens, (intermediate_size + block - 1) // block)
-    runnable(_silu_and_mul_kernel, x.device)[grid](x, out, x.stride(0), out.stride(0), intermediate_size, BLOCK=block)
+    _silu_and_mul_kernel.on(x.device)[grid](x, out, x.stride(0), out.stride(0), intermediate_size, BLOCK=block)
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import constexpr, check_dtype, check_last_dim_contiguous, check_same_device, jit, next_power_of_2, runnable, tl
+from ._triton import check_dtype, check_last_dim_contiguous, check_same_device, next_power_of_2, triton_kernel
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -24,8 +24,10 @@ def write_kv_reference(key, value, key_cache, value_cache, slot_mapping):
     key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key.to(key_cache.dtype))
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value.to(value_cache.dtype))
 
+tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
-@jit
+
+@triton_kernel
 def _write_kv_kernel(
     key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
     stride_key_token, stride_key_head, stride_value_token, stride_value_head,
@@ -61,7 +63,7 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping):
     check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
     if num_tokens == 0:
         return
-    runnable(_write_kv_kernel, key.device)[(num_tokens, num_kv_heads)](
+    _write_kv_kernel.on(key.device)[(num_tokens, num_kv_heads)](
         key, value, key_cache, value_cache, slot_mapping.contiguous(),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),

@@ -34,13 +34,10 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import constexpr, check_dtype, check_same_device, jit, next_power_of_2, runnable, tl
+from ._triton import check_dtype, check_same_device, next_power_of_2, triton_kernel
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2_E = 1.4426950408889634
-# Finite stand-in for -inf as the initial running max: keeps exp(m_old - m_new) at 1, not NaN,
-# for rows that have seen no key yet.
-NEG_BIG = -1.0e30
 MAX_PARTITIONS = 128
 
 
@@ -83,8 +80,10 @@ def paged_attention_reference(
     )  # [num_seqs, Hq, max_q, D]
     return out.transpose(1, 2)[seq_of_token, row_of_token].to(query.dtype)
 
+tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
-@jit
+
+@triton_kernel
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
@@ -129,7 +128,9 @@ def _paged_attention_kernel(
     lo = part * partition_size
     hi = tl.minimum(k_end, lo + partition_size)
 
-    m_i = tl.full([BLOCK_Q * BLOCK_G], NEG_BIG, tl.float32)
+    # The running max starts at a finite -1e30, not -inf, so exp2(m_old - m_new) is 1, not NaN, for
+    # rows (padding, empty partitions) that see no key.
+    m_i = tl.full([BLOCK_Q * BLOCK_G], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
@@ -165,7 +166,7 @@ def _paged_attention_kernel(
         )
 
 
-@jit
+@triton_kernel
 def _reduce_partitions_kernel(
     part_out_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr,
     stride_out_token, stride_out_head, num_q_heads, num_partitions, partition_size,
@@ -179,7 +180,7 @@ def _reduce_partitions_kernel(
     base = (token * num_q_heads + head) * num_partitions
     p = tl.arange(0, BLOCK_P)
     p_valid = p < num_used
-    m = tl.load(part_max_ptr + base + p, mask=p_valid, other=NEG_BIG)
+    m = tl.load(part_max_ptr + base + p, mask=p_valid, other=-1.0e30)
     m_max = tl.max(m, 0)
     l = tl.load(part_sum_ptr + base + p, mask=p_valid, other=0.0)
     total = tl.sum(l * tl.exp2(m - m_max), 0)
@@ -288,7 +289,7 @@ def paged_attention(
     else:
         part_out = part_max = part_sum = out
     grid = (num_seqs, num_kv_heads, num_q_tiles * num_partitions)
-    runnable(_paged_attention_kernel, query.device)[grid](
+    _paged_attention_kernel.on(query.device)[grid](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         out, part_out, part_max, part_sum,
         float(scale) * LOG2_E,
@@ -301,7 +302,7 @@ def paged_attention(
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )
     if is_split:
-        runnable(_reduce_partitions_kernel, query.device)[(num_tokens, num_q_heads)](
+        _reduce_partitions_kernel.on(query.device)[(num_tokens, num_q_heads)](
             part_out, part_max, part_sum, seq_lens, out,
             out.stride(0), out.stride(1), num_q_heads, num_partitions, partition_size,
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_partitions),

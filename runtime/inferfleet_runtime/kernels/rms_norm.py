@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import constexpr, check_dtype, check_last_dim_contiguous, check_same_device, jit, next_power_of_2, runnable, tl
+from ._triton import check_dtype, check_last_dim_contiguous, check_same_device, next_power_of_2, triton_kernel
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -30,8 +30,10 @@ def rms_norm_reference(x, weight, eps, residual=None):
     out = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
     return out.to(x.dtype), residual_out
 
+tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
-@jit
+
+@triton_kernel
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_residual, stride_out, stride_residual_out,
@@ -72,7 +74,7 @@ def rms_norm(x, weight, eps, residual=None):
         residual, residual_out = x, x
     if num_tokens == 0:
         return out, residual_out
-    kernel = runnable(_rms_norm_kernel, x.device)
+    kernel = _rms_norm_kernel.on(x.device)
     kernel[(num_tokens,)](
         x, residual, weight, out, residual_out,
         x.stride(0), residual.stride(0), out.stride(0), residual_out.stride(0),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import constexpr, check_dtype, check_last_dim_contiguous, check_same_device, jit, next_power_of_2, runnable, tl
+from ._triton import check_dtype, check_last_dim_contiguous, check_same_device, next_power_of_2, triton_kernel
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -34,8 +34,10 @@ def rotary_reference(query, key, positions, cos_sin_cache):
 
     return rotate(query), rotate(key)
 
+tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
-@jit
+
+@triton_kernel
 def _rotary_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, positions_ptr, cache_ptr,
     stride_q_token, stride_q_head, stride_k_token, stride_k_head,
@@ -87,7 +89,7 @@ def rotary(query, key, positions, cos_sin_cache):
         return q_out, k_out
     num_k_heads = key.shape[1]
     half = head_dim // 2
-    runnable(_rotary_kernel, query.device)[(num_tokens, num_q_heads + num_k_heads)](
+    _rotary_kernel.on(query.device)[(num_tokens, num_q_heads + num_k_heads)](
         query, key, q_out, k_out, positions, cos_sin_cache,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         cos_sin_cache.stride(0), num_q_heads, num_k_heads,

@@ -1,0 +1,166 @@
+"""Triton paged attention (decode, varlen prefill/extend, split-KV) matches the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferfleet_runtime.kernels import paged_attention as pa
+
+BLOCK_SIZES = [8, 16]
+HEAD_DIMS = [64, 80, 96, 128]
+# (num_heads, num_kv_heads): GQA ratios 1, 2, 4 and MQA.
+HEAD_CONFIGS = [(4, 4), (4, 2), (8, 2), (4, 1)]
+DTYPES = [torch.float32, torch.float16]
+# Decode: context lengths 1, inside one block, on and across block boundaries.
+DECODE_SEQ_LENS = [1, 7, 16, 17, 33]
+# Prefill/extend: (seq_len, q_len) per sequence: fresh prompts, extends over a cached prefix, a
+# one-token sequence, and chunks that start and end inside blocks.
+VARLEN_BATCH = [(1, 1), (9, 9), (21, 5), (16, 16), (34, 1), (40, 23)]
+# Split-KV decode: (seq_lens, num_splits).
+SPLIT_CASES = [([5, 70, 130], 4), ([128, 3, 200], 7), ([257], 128)]
+
+
+def make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim, dtype, num_blocks=None, seed=0):
+    """Random caches and block tables whose blocks are scattered over the cache (no block 0 used)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    max_blocks = max(blocks_per_seq) + 1  # one padding column
+    num_blocks = num_blocks or sum(blocks_per_seq) + 1
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    if num_blocks * block_size * num_kv_heads * head_dim <= 1 << 22:
+        key_cache = torch.randn(shape, generator=gen).to(dtype)
+        value_cache = torch.randn(shape, generator=gen).to(dtype)
+    else:  # a huge but sparse cache: only the used blocks get random values
+        key_cache = torch.zeros(shape, dtype=dtype)
+        value_cache = torch.zeros(shape, dtype=dtype)
+    ids = (torch.randperm(num_blocks - 1, generator=gen)[: sum(blocks_per_seq)] + 1).tolist()
+    block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    for b, n in enumerate(blocks_per_seq):
+        row, ids = ids[:n], ids[n:]
+        block_tables[b, :n] = torch.tensor(row, dtype=torch.int32)
+        if num_blocks * block_size * num_kv_heads * head_dim > 1 << 22:
+            key_cache[row] = torch.randn(key_cache[row].shape, generator=gen).to(dtype)
+            value_cache[row] = torch.randn(value_cache[row].shape, generator=gen).to(dtype)
+    return key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def dense_causal_attention(q, k, v, scale):
+    """Independent spec for one sequence: q [Lq, Hq, D] are the last Lq of k, v [L, Hkv, D]."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    offset = k.shape[0] - q.shape[0]
+    allowed = torch.arange(k.shape[0])[None, :] <= torch.arange(q.shape[0])[:, None] + offset
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+def gather_sequence(cache, block_table, seq_len, block_size):
+    pos = torch.arange(seq_len)
+    return cache[block_table[pos // block_size].long(), pos % block_size]
+
+
+def varlen_query(batch, num_heads, head_dim, dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    q_lens = torch.tensor([q for _, q in batch])
+    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
+    query = torch.randn(int(q_lens.sum()), num_heads, head_dim, generator=gen).to(dtype)
+    return query, query_start_loc, int(q_lens.max())
+
+
+def grid_cases():
+    """Every head dim x head config, each with both dtypes; block sizes alternate through the grid."""
+    cases = []
+    for i, head_dim in enumerate(HEAD_DIMS):
+        for j, heads in enumerate(HEAD_CONFIGS):
+            for dtype in DTYPES:
+                cases.append(pytest.param(BLOCK_SIZES[(i + j) % 2], head_dim, heads, dtype,
+                                          id=f"bs{BLOCK_SIZES[(i + j) % 2]}-d{head_dim}-h{heads[0]}kv{heads[1]}-{str(dtype)[6:]}"))
+    return cases
+
+
+def test_reference_matches_dense_causal_attention_per_sequence():
+    block_size, (num_heads, num_kv_heads), head_dim = 8, (4, 2), 16
+    seq_lens = [s for s, _ in VARLEN_BATCH]
+    key_cache, value_cache, block_tables, seq_lens_t = make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim, torch.float32)
+    query, query_start_loc, max_q = varlen_query(VARLEN_BATCH, num_heads, head_dim, torch.float32)
+    out = pa.paged_attention_reference(query, key_cache, value_cache, block_tables, seq_lens_t, 0.3,
+                                       query_start_loc=query_start_loc, max_query_len=max_q)
+    for b, (seq_len, _) in enumerate(VARLEN_BATCH):
+        rows = slice(int(query_start_loc[b]), int(query_start_loc[b + 1]))
+        k = gather_sequence(key_cache, block_tables[b], seq_len, block_size)
+        v = gather_sequence(value_cache, block_tables[b], seq_len, block_size)
+        torch.testing.assert_close(out[rows], dense_causal_attention(query[rows], k, v, 0.3))
+
+
+@pytest.mark.parametrize("block_size, head_dim, heads, dtype", grid_cases())
+def test_decode_matches_reference(block_size, head_dim, heads, dtype, tolerance):
+    num_heads, num_kv_heads = heads
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch(DECODE_SEQ_LENS, block_size, num_kv_heads, head_dim, dtype)
+    query = torch.randn(len(DECODE_SEQ_LENS), num_heads, head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
+    scale = head_dim ** -0.5
+    expected = pa.paged_attention_reference(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    got = pa.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale, num_splits=1)
+    torch.testing.assert_close(got, expected, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("block_size, head_dim, heads, dtype", grid_cases())
+def test_varlen_prefill_and_extend_match_reference(block_size, head_dim, heads, dtype, tolerance):
+    num_heads, num_kv_heads = heads
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([s for s, _ in VARLEN_BATCH], block_size, num_kv_heads, head_dim, dtype)
+    query, query_start_loc, max_q = varlen_query(VARLEN_BATCH, num_heads, head_dim, dtype)
+    scale = head_dim ** -0.5
+    args = (query, key_cache, value_cache, block_tables, seq_lens, scale)
+    expected = pa.paged_attention_reference(*args, query_start_loc=query_start_loc, max_query_len=max_q)
+    got = pa.paged_attention(*args, query_start_loc=query_start_loc, max_query_len=max_q)
+    torch.testing.assert_close(got, expected, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("seq_lens, num_splits", SPLIT_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_kv_decode_matches_reference(seq_lens, num_splits, dtype, tolerance):
+    block_size, num_heads, num_kv_heads, head_dim = 16, 4, 2, 64
+    key_cache, value_cache, block_tables, seq_lens_t = make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim, dtype)
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
+    args = (query, key_cache, value_cache, block_tables, seq_lens_t, 0.125)
+    torch.testing.assert_close(pa.paged_attention(*args, num_splits=num_splits), pa.paged_attention_reference(*args),
+                               **tolerance(dtype))
+
+
+def test_block_ids_beyond_16_bits_are_addressed(tolerance):
+    block_size, num_heads, num_kv_heads, head_dim = 8, 2, 1, 16
+    num_blocks = (1 << 16) + 64  # 2**16 + 64 blocks of 8 x 16 fp16: a large table over a tiny cache
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([20, 9], block_size, num_kv_heads, head_dim,
+                                                                      torch.float16, num_blocks=num_blocks)
+    block_tables[0, :3] = torch.tensor([num_blocks - 1, 1 << 16, 70000 % num_blocks], dtype=torch.int32)
+    key_cache[block_tables[0, :3].long()] = torch.randn(3, block_size, num_kv_heads, head_dim).half()
+    value_cache[block_tables[0, :3].long()] = torch.randn(3, block_size, num_kv_heads, head_dim).half()
+    query = torch.randn(2, num_heads, head_dim).half()
+    args = (query, key_cache, value_cache, block_tables, seq_lens, 0.25)
+    expected = pa.paged_attention_reference(*args)
+    torch.testing.assert_close(pa.paged_attention(*args, num_splits=1), expected, **tolerance(torch.float16))
+    torch.testing.assert_close(pa.paged_attention(*args, num_splits=2), expected, **tolerance(torch.float16))
+
+
+def test_query_view_with_token_stride_is_read_correctly(tolerance):
+    # The model passes q as a view into the fused qkv projection: token stride > Hq * D.
+    block_size, num_heads, num_kv_heads, head_dim = 8, 4, 2, 64
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([12, 5], block_size, num_kv_heads, head_dim, torch.float32)
+    qkv = torch.randn(2, (num_heads + 2 * num_kv_heads) * head_dim)
+    query = qkv[:, : num_heads * head_dim].view(2, num_heads, head_dim)
+    args = (query, key_cache, value_cache, block_tables, seq_lens, 0.125)
+    torch.testing.assert_close(pa.paged_attention(*args), pa.paged_attention_reference(*args), **tolerance(torch.float32))
+
+
+def test_rejects_query_heads_not_a_multiple_of_kv_heads():
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([4], 8, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="multiple"):
+        pa.paged_attention(torch.randn(1, 3, 16), key_cache, value_cache, block_tables, seq_lens, 0.25)
+
+
+def test_rejects_int64_block_tables():
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([4], 8, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="int32"):
+        pa.paged_attention(torch.randn(1, 2, 16), key_cache, value_cache, block_tables.long(), seq_lens, 0.25)
