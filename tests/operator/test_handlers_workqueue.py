@@ -1,0 +1,125 @@
+"""The work queue behind every handler: one reconcile per key at a time, coalescing, retry delays."""
+
+import asyncio
+
+import pytest
+
+from inferfleet_operator.workqueue import Requeue, WorkQueue
+
+
+async def _settle(queue, seconds=0.3):
+    await asyncio.sleep(seconds)
+
+
+def test_triggers_within_the_debounce_window_run_one_reconcile():
+    runs = []
+
+    async def work(key):
+        runs.append(key)
+
+    async def go():
+        queue = WorkQueue(work, debounce=0.05)
+        queue.start()
+        for _ in range(20):
+            queue.enqueue("a")
+        queue.enqueue("b")
+        await _settle(queue)
+        await queue.stop()
+
+    asyncio.run(go())
+    assert sorted(runs) == ["a", "b"]
+
+
+def test_a_key_is_never_reconciled_twice_at_once_and_a_trigger_while_running_runs_again():
+    running = set()
+    overlaps = []
+    runs = []
+
+    async def work(key):
+        if key in running:
+            overlaps.append(key)
+        running.add(key)
+        runs.append(key)
+        await asyncio.sleep(0.05)
+        running.discard(key)
+
+    async def go():
+        queue = WorkQueue(work, debounce=0.0)
+        queue.start()
+        queue.enqueue("a")
+        await asyncio.sleep(0.02)  # first run in progress
+        queue.enqueue("a")
+        queue.enqueue("a")
+        await _settle(queue)
+        await queue.stop()
+
+    asyncio.run(go())
+    assert overlaps == []
+    assert runs == ["a", "a"]
+
+
+def test_a_returned_delay_runs_the_reconcile_again_after_it():
+    times = []
+
+    async def work(key):
+        times.append(asyncio.get_running_loop().time())
+        return 0.1 if len(times) == 1 else None
+
+    async def go():
+        queue = WorkQueue(work, debounce=0.0)
+        queue.start()
+        queue.enqueue("a")
+        await _settle(queue, 0.4)
+        await queue.stop()
+
+    asyncio.run(go())
+    assert len(times) == 2
+    assert times[1] - times[0] == pytest.approx(0.1, abs=0.05)
+
+
+def test_failures_retry_with_growing_delays_and_requeue_uses_its_own_delay():
+    times = {"fail": [], "wait": []}
+    errors = []
+
+    async def work(key):
+        times[key].append(asyncio.get_running_loop().time())
+        if key == "fail" and len(times[key]) < 3:
+            raise RuntimeError("boom")
+        if key == "wait" and len(times[key]) < 2:
+            raise Requeue(0.15)
+
+    async def go():
+        queue = WorkQueue(work, debounce=0.0, error_delays=(0.05, 0.2),
+                          on_error=lambda key, error: errors.append((key, type(error).__name__)))
+        queue.start()
+        queue.enqueue("fail")
+        queue.enqueue("wait")
+        await _settle(queue, 0.6)
+        await queue.stop()
+
+    asyncio.run(go())
+    fail = times["fail"]
+    assert len(fail) == 3
+    assert fail[1] - fail[0] == pytest.approx(0.05, abs=0.04)
+    assert fail[2] - fail[1] == pytest.approx(0.2, abs=0.06)
+    wait = times["wait"]
+    assert len(wait) == 2 and wait[1] - wait[0] == pytest.approx(0.15, abs=0.05)
+    assert ("fail", "RuntimeError") in errors and ("wait", "Requeue") in errors
+
+
+def test_a_forgotten_key_does_not_run():
+    runs = []
+
+    async def work(key):
+        runs.append(key)
+
+    async def go():
+        queue = WorkQueue(work, debounce=0.05)
+        queue.start()
+        queue.enqueue("gone")
+        queue.forget("gone")
+        await _settle(queue, 0.2)
+        await queue.stop()
+
+    asyncio.run(go())
+    assert runs == []
