@@ -49,6 +49,8 @@ class Sequence:
     output_text: str = ""
     num_stable_chars: int = 0          # output_text[:num_stable_chars] may be streamed (no partial stop string)
     logprobs: list[Logprob] = field(default_factory=list)
+    num_sent_chars: int = 0            # output already handed out (streaming deltas)
+    num_sent_tokens: int = 0
     generator: Any = None              # torch.Generator for seeded sampling
     detokenizer: Any = None
 

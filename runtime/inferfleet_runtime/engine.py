@@ -1,0 +1,263 @@
+"""LLMEngine: requests in, token deltas out; step() = schedule → run → postprocess."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferfleet_runtime.block_manager import BlockManager
+from inferfleet_runtime.detokenizer import IncrementalDetokenizer
+from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.sampling import SamplingParams
+from inferfleet_runtime.scheduler import ScheduledBatch, Scheduler
+from inferfleet_runtime.sequence import FinishReason, Logprob, Sequence
+
+
+class ContextLengthError(ValueError):
+    """A request asks for more tokens than the context holds."""
+
+
+@dataclass
+class CompletionOutput:
+    """One choice of a request: what changed since its previous output (or, from generate(), all of it)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Logprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def extend(self, delta: CompletionOutput) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs
+        self.finish_reason = delta.finish_reason
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    outputs: list[CompletionOutput]       # choices with news this step
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    finished: bool                        # every choice has finished
+
+
+@dataclass
+class EngineStats:
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_cache_usage: float = 0.0
+    num_preemptions: int = 0
+    num_free_blocks: int = 0
+    num_blocks: int = 0
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    params: SamplingParams
+    seqs: list[Sequence]
+    max_tokens: int
+    num_pending_children: int             # n - 1 choices forked once the prompt is computed
+
+
+class LLMEngine:
+    def __init__(self, runner, config: EngineConfig):
+        self.runner = runner
+        self.config = config
+        self.tokenizer = runner.tokenizer
+        self.block_manager = BlockManager(runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        # A sequence must fit the whole pool on its own, or it could never finish.
+        self.max_model_len = min(config.max_model_len or runner.max_position_embeddings,
+                                 runner.max_position_embeddings, runner.num_kv_blocks * config.block_size)
+        self.eos_token_ids = set(runner.eos_token_ids)
+        self._requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, config: EngineConfig | None = None,
+                       model_name: str | None = None) -> LLMEngine:
+        from inferfleet_runtime.model_runner import ModelRunner
+        config = config or EngineConfig()
+        return cls(ModelRunner.from_model_dir(model_dir, config, model_name), config)
+
+    # -- requests -----------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+        """The request's max_tokens (resolved when None); ContextLengthError when it does not fit."""
+        if num_prompt_tokens == 0:
+            raise ValueError("the prompt is empty")
+        if max_tokens is None:
+            if num_prompt_tokens >= self.max_model_len:
+                raise ContextLengthError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                    f"has {num_prompt_tokens} tokens, leaving no room for the completion.")
+            return self.max_model_len - num_prompt_tokens
+        if num_prompt_tokens + max_tokens > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in "
+                f"the completion). Please reduce the prompt or max_tokens.")
+        return max_tokens
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} already exists")
+        prompt_ids = self.encode(prompt)
+        max_tokens = self.check_length(len(prompt_ids), params.max_tokens)
+        parent = self._new_seq(request_id, prompt_ids, params, 0, arrival_time or time.monotonic())
+        self._requests[request_id] = _Request(request_id, params, [parent], max_tokens, params.n - 1)
+        self.scheduler.add(parent)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Ends a request at once and frees its blocks; False when it is unknown or already finished."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return False
+        for seq in request.seqs:
+            self.scheduler.finish(seq, FinishReason.ABORT)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, bm.usage,
+                           self.scheduler.num_preemptions, bm.num_free_blocks, bm.num_blocks)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        sampled = self.runner.execute(batch)
+        return self._postprocess(batch, sampled)
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]
+                 ) -> list[RequestOutput]:
+        """Runs prompts to completion (offline use, benchmarks): one RequestOutput with whole choices each."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        base = next(self._seq_ids)
+        ids = [f"generate-{base}-{i}" for i in range(len(prompts))]
+        results = {}
+        for request_id, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(request_id, prompt, p)
+            results[request_id] = None
+        choices: dict[str, dict[int, CompletionOutput]] = {request_id: {} for request_id in ids}
+        while any(results[request_id] is None for request_id in ids):
+            for out in self.step():
+                for delta in out.outputs:
+                    choices[out.request_id].setdefault(delta.index, CompletionOutput(delta.index)).extend(delta)
+                if out.finished:
+                    whole = [choices[out.request_id][i] for i in sorted(choices[out.request_id])]
+                    results[out.request_id] = RequestOutput(out.request_id, whole, out.num_prompt_tokens,
+                                                            out.num_cached_tokens, True)
+        return [results[request_id] for request_id in ids]
+
+    # -- postprocess --------------------------------------------------------------------------------
+    def _postprocess(self, batch: ScheduledBatch, sampled: list) -> list[RequestOutput]:
+        self.scheduler.commit(batch)
+        changed: dict[str, list[Sequence]] = {}
+        for seq, sample in zip(batch.seqs, sampled):
+            if sample is None:
+                continue
+            request = self._requests[seq.request_id]
+            if request.num_pending_children and seq is request.seqs[0]:
+                self._fork_children(request)
+            token_id, logprob = sample
+            seq.append_token(token_id)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            self._check_finished(seq, request, token_id)
+            changed.setdefault(seq.request_id, []).append(seq)
+        outputs = []
+        for request_id, seqs in changed.items():
+            request = self._requests[request_id]
+            finished = all(s.is_finished for s in request.seqs) and not request.num_pending_children
+            if finished:
+                del self._requests[request_id]
+            parent = request.seqs[0]
+            outputs.append(RequestOutput(request_id, [self._delta(s) for s in seqs], parent.num_prompt_tokens,
+                                         parent.num_cached_tokens, finished))
+        return outputs
+
+    def _new_seq(self, request_id: str, prompt_ids: list[int], params: SamplingParams, index: int,
+                 arrival_time: float) -> Sequence:
+        seq = Sequence(next(self._seq_ids), request_id, list(prompt_ids), index=index, params=params,
+                       arrival_time=arrival_time)
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
+        return seq
+
+    def _fork_children(self, request: _Request) -> None:
+        # The parent's prompt is computed: the other choices share its full blocks instead of recomputing.
+        parent = request.seqs[0]
+        children = [self._new_seq(request.request_id, parent.prompt_token_ids, request.params, i,
+                                  parent.arrival_time) for i in range(1, request.params.n)]
+        for child in reversed(children):
+            self.block_manager.fork(parent, child)
+            self.scheduler.add(child, first=True)
+        request.seqs.extend(children)
+        request.num_pending_children = 0
+
+    def _check_finished(self, seq: Sequence, request: _Request, token_id: int) -> None:
+        params = request.params
+        reason = None
+        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+            reason = FinishReason.STOP    # the stop token's text is not part of the output
+        else:
+            delta = seq.detokenizer.add(token_id)
+            seq.output_text += delta
+            if params.stop and delta and _truncate_at_stop(seq, len(delta), params.stop):
+                reason = FinishReason.STOP
+        if reason is None and (seq.num_output_tokens >= request.max_tokens or seq.num_tokens >= self.max_model_len):
+            reason = FinishReason.LENGTH
+            seq.output_text += seq.detokenizer.flush()
+        if reason is None:
+            seq.num_stable_chars = len(seq.output_text) - _partial_stop_len(seq.output_text, params.stop)
+            return
+        seq.num_stable_chars = len(seq.output_text)
+        self.scheduler.finish(seq, reason)
+
+    def _delta(self, seq: Sequence) -> CompletionOutput:
+        text = seq.output_text[seq.num_sent_chars:seq.num_stable_chars]
+        seq.num_sent_chars = max(seq.num_sent_chars, seq.num_stable_chars)
+        tokens = seq.output_token_ids[seq.num_sent_tokens:]
+        logprobs = seq.logprobs[seq.num_sent_tokens:]
+        seq.num_sent_tokens = seq.num_output_tokens
+        reason = seq.finish_reason.value if seq.finish_reason else None
+        return CompletionOutput(seq.index, text, tokens, logprobs, reason)
+
+
+def _truncate_at_stop(seq: Sequence, num_new_chars: int, stops: list[str]) -> bool:
+    """Cuts seq's text before the first stop string that the newest characters complete."""
+    text = seq.output_text
+    found = None
+    for stop in stops:
+        index = text.find(stop, max(0, len(text) - num_new_chars - len(stop) + 1))
+        if index != -1 and (found is None or index < found):
+            found = index
+    if found is None:
+        return False
+    seq.output_text = text[:found]
+    return True
+
+
+def _partial_stop_len(text: str, stops: list[str]) -> int:
+    """Length of the longest end of text that could still grow into a stop string (held back when streaming)."""
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest

@@ -1,0 +1,81 @@
+"""ModelRunner: the one module that owns tensors: KV caches, batch inputs, the forward pass, sampling.
+
+Runner interface (also what a compiled engine plugs in as): attributes tokenizer, model_name,
+vocab_size, eos_token_ids, max_position_embeddings, num_kv_blocks, block_size; execute(batch) -> one entry per
+scheduled sequence: (token id, Logprob or None) when the sequence reached its last token, else None.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from inferfleet_runtime.attention import build_attention_metadata
+from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.sampling import Sampler
+from inferfleet_runtime.scheduler import ScheduledBatch
+from inferfleet_runtime.sequence import Logprob
+
+DEFAULT_CPU_KV_BYTES = 1 << 30         # KV budget on a CPU when none is given
+DEFAULT_GPU_KV_FRACTION = 0.8          # of the device memory still free after loading the weights
+
+
+class ModelRunner:
+    def __init__(self, loaded, config: EngineConfig, model_name: str | None = None):
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.model_name = model_name or loaded.config.name
+        self.eos_token_ids = list(loaded.config.eos_token_ids)
+        self.max_position_embeddings = loaded.config.max_position_embeddings
+        self.vocab_size = loaded.config.vocab_size
+        self.block_size = config.block_size
+        self.num_kv_blocks = config.num_kv_blocks or self._num_blocks_for_budget(config)
+        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size)
+        self.sampler = Sampler(self.device, seed=config.seed)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, config: EngineConfig, model_name: str | None = None) -> ModelRunner:
+        from inferfleet_runtime.loader import load_model
+        loaded = load_model(model_dir, dtype=config.dtype, device=config.device, kernels=config.kernels)
+        return cls(loaded, config, model_name)
+
+    def _num_blocks_for_budget(self, config: EngineConfig) -> int:
+        bytes_per_block = self.model.kv_cache_bytes_per_block(self.block_size)
+        budget = config.kv_cache_memory
+        if budget is None and self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * DEFAULT_GPU_KV_FRACTION)
+        if budget is None:
+            # Enough for every running sequence at full length, within a fixed CPU budget.
+            max_len = config.max_model_len or self.max_position_embeddings
+            wanted = config.max_num_seqs * -(-max_len // self.block_size)
+            return max(1, min(wanted, DEFAULT_CPU_KV_BYTES // bytes_per_block))
+        return max(1, budget // bytes_per_block)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[tuple[int, Logprob | None] | None]:
+        if batch.is_empty:
+            return []
+        seqs, num_new = batch.seqs, batch.num_new_tokens
+        seq_lens = [seq.num_computed_tokens + n for seq, n in zip(seqs, num_new)]
+        meta, positions = build_attention_metadata([seq.block_ids for seq in seqs], seq_lens, num_new,
+                                                   self.block_size, self.device)
+        token_ids = [t for seq, n in zip(seqs, num_new) for t in seq.token_ids[seq.num_computed_tokens:][:n]]
+        input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)   # [num_tokens, hidden]
+        rows = [i for i in range(len(seqs)) if batch.samples(i)]
+        results: list[tuple[int, Logprob | None] | None] = [None] * len(seqs)
+        if not rows:
+            return results
+        ends = []
+        end = 0
+        for n in num_new:
+            end += n
+            ends.append(end - 1)
+        last = torch.tensor([ends[i] for i in rows], dtype=torch.int64, device=self.device)
+        logits = self.model.compute_logits(hidden[last])                    # [num_rows, vocab] float32
+        for i, sample in zip(rows, self.sampler.sample(logits, [seqs[i] for i in rows])):
+            results[i] = sample
+        return results

@@ -1,0 +1,360 @@
+"""The FastAPI app: OpenAI completions and chat (SSE streaming), models, health, readiness, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from inferfleet_runtime.engine import CompletionOutput, RequestOutput
+from inferfleet_runtime.metrics import ServerMetrics
+from inferfleet_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 1
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+
+@dataclass
+class ServerState:
+    served_model_name: str
+    metrics: ServerMetrics
+    engine: AsyncEngine | None = None          # None until the model has loaded
+    load_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None) -> FastAPI:
+    """The app over state; load (if given) builds and starts the engine in a thread at startup."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        if load is not None:
+            threading.Thread(target=_load_engine, args=(state, load), name="inferfleet-load", daemon=True).start()
+        yield
+        if state.engine is not None:
+            state.engine.stop()
+
+    app = FastAPI(title="inferfleet runtime", lifespan=lifespan)
+    app.state.server = state
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request body"}
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(loc) or None
+        message = f"{param}: {first['msg']}" if param else str(first["msg"])
+        return _error_response(APIError(400, message, param=param))
+
+    @app.get("/health")
+    async def health():
+        if state.load_error or (state.engine is not None and not state.engine.is_healthy):
+            return JSONResponse({"status": "error", "error": state.load_error or repr(state.engine.error)}, 503)
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        if state.engine is None or not state.engine.is_healthy:
+            return JSONResponse({"status": "loading" if state.load_error is None else "error"}, 503)
+        return {"status": "ready"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "inferfleet"}
+        if state.engine is not None:
+            card["max_model_len"] = state.engine.engine.max_model_len
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        engine = _serving_engine(state, body.model)
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        prompt_ids = [_encode(engine, p) for p in body.prompts()]
+        params = _params(body.sampling_params, body.max_tokens, body.logprobs)
+        return await _respond(engine, request, body, prompt_ids, params, _CompletionFormat(state, engine))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        engine = _serving_engine(state, body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        tokenizer = engine.engine.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as exc:   # template errors are the request's fault (e.g. unsupported roles)
+            raise APIError(400, f"messages could not be rendered with the chat template: {exc}",
+                           param="messages") from exc
+        prompt_ids = [tokenizer.encode(text, add_special_tokens=False)]
+        params = _params(body.sampling_params, body.resolved_max_tokens, body.num_logprobs)
+        return await _respond(engine, request, body, prompt_ids, params, _ChatFormat(state, engine))
+
+    return app
+
+
+def _load_engine(state: ServerState, load: Callable[[], AsyncEngine]) -> None:
+    try:
+        state.engine = load()
+        log.info("Loaded model %s", state.served_model_name)
+    except Exception as exc:
+        log.exception("Loading the model failed")
+        state.load_error = f"loading the model failed: {exc}"
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+def _serving_engine(state: ServerState, model: str) -> AsyncEngine:
+    if model != state.served_model_name:
+        raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model", "model_not_found")
+    engine = state.engine
+    if engine is None:
+        raise APIError(503, "The model is still loading.", "ServiceUnavailable",
+                       headers={"Retry-After": str(RETRY_AFTER_S)})
+    if not engine.is_healthy:
+        raise APIError(503, f"The engine stopped: {engine.error!r}", "ServiceUnavailable")
+    return engine
+
+
+def _encode(engine: AsyncEngine, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return engine.engine.tokenizer.encode(prompt)
+    vocab_size = engine.engine.runner.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})", param="prompt")
+    return prompt
+
+
+def _params(make, max_tokens, logprobs):
+    try:
+        return make(max_tokens, logprobs)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=str(exc).split(" ", 1)[0]) from exc
+
+
+async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list[list[int]], params, fmt):
+    for ids in prompt_ids:
+        try:
+            engine.engine.check_length(len(ids), params.max_tokens)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="max_tokens" if params.max_tokens else "prompt",
+                           code="context_length_exceeded") from exc
+    request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
+    sub_ids = [f"{request_id}-{i}" for i in range(len(prompt_ids))]
+    streams = []
+    try:
+        for sub_id, ids in zip(sub_ids, prompt_ids):
+            streams.append(engine.submit(sub_id, ids, params))
+    except QueueFullError as exc:
+        for sub_id in sub_ids[:len(streams)]:
+            engine.abort(sub_id)
+        raise APIError(429, f"Too many requests are waiting ({exc}); retry later.", "RateLimitError",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc), "ServiceUnavailable") from exc
+    merged = _merge(streams, params.n)
+    if body.stream:
+        return StreamingResponse(_sse(fmt, request_id, merged, body.include_usage, params.n),
+                                 media_type="text/event-stream")
+    collect = asyncio.ensure_future(_collect(merged, len(prompt_ids) * params.n))
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    await asyncio.wait({collect, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if not collect.done():       # the client left: abort, which frees the request's blocks
+        collect.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await collect
+        return Response(status_code=499)
+    watcher.cancel()
+    choices, num_prompt, num_completion = collect.result()
+    return fmt.response(request_id, choices, num_prompt, num_completion)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _merge(streams: list[AsyncIterator[RequestOutput]], n: int) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several requests as (choice offset, output); closing it aborts every request still running."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(offset: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    await queue.put((offset, out))
+            await queue.put((offset, None))
+        except Exception as exc:
+            await queue.put((offset, exc))
+
+    tasks = [asyncio.ensure_future(pump(i * n, s)) for i, s in enumerate(streams)]
+    try:
+        num_done = 0
+        while num_done < len(tasks):
+            offset, item = await queue.get()
+            if item is None:
+                num_done += 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield offset, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _collect(merged, num_choices: int) -> tuple[list[CompletionOutput], int, int]:
+    choices = [CompletionOutput(i) for i in range(num_choices)]
+    num_prompt = {}
+    async with contextlib.aclosing(merged):
+        async for offset, out in merged:
+            num_prompt[offset] = out.num_prompt_tokens
+            for delta in out.outputs:
+                choices[offset + delta.index].extend(delta)
+    return choices, sum(num_prompt.values()), sum(len(c.token_ids) for c in choices)
+
+
+async def _sse(fmt, request_id: str, merged, include_usage: bool, n: int) -> AsyncIterator[str]:
+    num_prompt: dict[int, int] = {}
+    num_completion = 0
+    started: set[int] = set()
+    try:
+        async with contextlib.aclosing(merged):
+            async for offset, out in merged:
+                num_prompt[offset] = out.num_prompt_tokens
+                for delta in out.outputs:
+                    index = offset + delta.index
+                    num_completion += len(delta.token_ids)
+                    if index not in started:
+                        started.add(index)
+                        first = fmt.first_chunk(request_id, index)
+                        if first is not None:
+                            yield _event(first, include_usage)
+                    if delta.text or delta.logprobs or delta.finish_reason:
+                        yield _event(fmt.chunk(request_id, index, delta), include_usage)
+    except Exception as exc:    # headers are sent already: report in-band, then end the stream
+        log.warning("Stream %s failed: %s", request_id, exc)
+        yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
+    else:
+        if include_usage:
+            usage = _usage(sum(num_prompt.values()), num_completion)
+            yield f"data: {json.dumps(fmt.usage_chunk(request_id, usage))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _event(chunk: dict, include_usage: bool) -> str:
+    if include_usage:
+        chunk["usage"] = None
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+def _usage(num_prompt: int, num_completion: int) -> dict:
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion, "total_tokens": num_prompt + num_completion}
+
+
+class _CompletionFormat:
+    id_prefix = "cmpl"
+
+    def __init__(self, state: ServerState, engine: AsyncEngine):
+        self.model = state.served_model_name
+        self.tokenizer = engine.engine.tokenizer
+
+    def _base(self, request_id: str, obj: str) -> dict:
+        return {"id": request_id, "object": obj, "created": int(time.time()), "model": self.model}
+
+    def _logprobs(self, choice: CompletionOutput, text_offset: int = 0):
+        if not choice.logprobs:
+            return None
+        tokens, offsets = [], []
+        for lp in choice.logprobs:
+            offsets.append(text_offset)
+            tokens.append(self.tokenizer.decode([lp.token_id], skip_special_tokens=False))
+            text_offset += len(tokens[-1])
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in choice.logprobs],
+            "top_logprobs": [{self.tokenizer.decode([t], skip_special_tokens=False): v for t, v in lp.top}
+                             for lp in choice.logprobs],
+            "text_offset": offsets,
+        }
+
+    def first_chunk(self, request_id: str, index: int):
+        return None
+
+    def chunk(self, request_id: str, index: int, delta: CompletionOutput) -> dict:
+        return {**self._base(request_id, "text_completion"),
+                "choices": [{"index": index, "text": delta.text, "logprobs": self._logprobs(delta),
+                             "finish_reason": delta.finish_reason}]}
+
+    def usage_chunk(self, request_id: str, usage: dict) -> dict:
+        return {**self._base(request_id, "text_completion"), "choices": [], "usage": usage}
+
+    def response(self, request_id: str, choices: list[CompletionOutput], num_prompt: int, num_completion: int):
+        return {**self._base(request_id, "text_completion"),
+                "choices": [{"index": c.index, "text": c.text, "logprobs": self._logprobs(c),
+                             "finish_reason": c.finish_reason} for c in choices],
+                "usage": _usage(num_prompt, num_completion)}
+
+
+class _ChatFormat(_CompletionFormat):
+    id_prefix = "chatcmpl"
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        token = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    def _logprobs(self, choice: CompletionOutput, text_offset: int = 0):
+        if not choice.logprobs:
+            return None
+        return {"content": [{**self._entry(lp.token_id, lp.logprob),
+                             "top_logprobs": [self._entry(t, v) for t, v in lp.top]} for lp in choice.logprobs]}
+
+    def first_chunk(self, request_id: str, index: int) -> dict:
+        return {**self._base(request_id, "chat.completion.chunk"),
+                "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}]}
+
+    def chunk(self, request_id: str, index: int, delta: CompletionOutput) -> dict:
+        content = {"content": delta.text} if delta.text else {}
+        return {**self._base(request_id, "chat.completion.chunk"),
+                "choices": [{"index": index, "delta": content, "logprobs": self._logprobs(delta),
+                             "finish_reason": delta.finish_reason}]}
+
+    def usage_chunk(self, request_id: str, usage: dict) -> dict:
+        return {**self._base(request_id, "chat.completion.chunk"), "choices": [], "usage": usage}
+
+    def response(self, request_id: str, choices: list[CompletionOutput], num_prompt: int, num_completion: int):
+        return {**self._base(request_id, "chat.completion"),
+                "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                             "logprobs": self._logprobs(c), "finish_reason": c.finish_reason} for c in choices],
+                "usage": _usage(num_prompt, num_completion)}

@@ -1,0 +1,136 @@
+"""`inferfleet-runtime serve`: load a model (paged) or a compiled engine and serve the OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from inferfleet_runtime.engine_config import KERNEL_BACKENDS, EngineConfig
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="DIR", help="Hugging Face checkpoint directory (paged engine)")
+    source.add_argument("--engine-dir", metavar="DIR", help="compiled engine directory (with manifest.json)")
+    parser.add_argument("--engine", choices=("paged", "compiled"), default=None,
+                        help="engine mode (default: paged for --model, compiled for --engine-dir)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the OpenAI model id (default: the model directory's name; inferfleet-demo for the "
+                             "built-in model)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), default=None)
+    parser.add_argument("--device", default=None, help="torch device (default: the first accelerator, else cpu)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    kv = parser.add_mutually_exclusive_group()
+    kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache blocks to allocate")
+    kv.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="BYTES",
+                    help="KV cache budget, e.g. 2GiB or 500MB (default: 80%% of free GPU memory; 1GiB on CPU)")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="new tokens per engine step")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    parser.add_argument("--max-queue-len", type=int, default=1024,
+                        help="waiting requests beyond this are refused with 429")
+    parser.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    parser.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = EngineConfig(
+            block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len, max_queue_len=args.max_queue_len,
+            enable_prefix_caching=not args.no_prefix_caching, kernels=args.kernels,
+            dtype=None if args.dtype in (None, "auto") else args.dtype, device=args.device)
+    except ValueError as exc:
+        return _fail(str(exc))
+    mode = args.engine or ("compiled" if args.engine_dir else "paged")
+    if mode == "paged":
+        if not args.model:
+            return _fail("--engine paged needs --model DIR")
+        model_dir = Path(args.model)
+        if not (model_dir / "config.json").is_file():
+            return _fail(f"{model_dir} is not a model directory (no config.json)")
+        make_runner = _paged_runner(model_dir, config)
+        default_name = _default_name(model_dir)
+    else:
+        if not args.engine_dir:
+            return _fail("--engine compiled needs --engine-dir DIR")
+        try:
+            from inferfleet_runtime import compiled
+        except ImportError as exc:
+            return _fail(f"the compiled engine is not available in this build ({exc}); serve with --engine paged")
+        engine_dir = Path(args.engine_dir)
+        if not (engine_dir / "manifest.json").is_file():
+            return _fail(f"{engine_dir} is not a compiled engine directory (no manifest.json)")
+        try:
+            make_runner = compiled.runner_factory(engine_dir, config)   # refuses mismatched engines
+        except ValueError as exc:
+            return _fail(str(exc))
+        default_name = engine_dir.name
+    serve(make_runner, config, args.served_model_name or default_name, args.host, args.port, args.log_level)
+    return 0
+
+
+def serve(make_runner, config: EngineConfig, served_model_name: str, host: str, port: int,
+          log_level: str = "info") -> None:
+    """Starts uvicorn at once (/health answers, /ready says 503) and loads the model in the background."""
+    import uvicorn
+
+    from inferfleet_runtime.server.app import ServerState, create_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state, load = build_state(make_runner, config, served_model_name)
+    uvicorn.run(create_app(state, load), host=host, port=port, log_level=log_level)
+
+
+def build_state(make_runner, config: EngineConfig, served_model_name: str):
+    """(ServerState, load) for create_app: load() builds the runner, engine and engine thread."""
+    from inferfleet_runtime.async_engine import AsyncEngine
+    from inferfleet_runtime.engine import LLMEngine
+    from inferfleet_runtime.metrics import ServerMetrics
+    from inferfleet_runtime.server.app import ServerState
+
+    state = ServerState(served_model_name=served_model_name, metrics=ServerMetrics(served_model_name))
+
+    def load() -> AsyncEngine:
+        engine = AsyncEngine(LLMEngine(make_runner(), config), config.max_queue_len, state.metrics)
+        engine.start()
+        return engine
+
+    return state, load
+
+
+def _paged_runner(model_dir: Path, config: EngineConfig):
+    def make():
+        from inferfleet_runtime.model_runner import ModelRunner
+        return ModelRunner.from_model_dir(model_dir, config)
+    return make
+
+
+def _default_name(model_dir: Path) -> str:
+    """The built-in model (a copy made by `demo-model`, or its cache) is inferfleet-demo; others, their directory."""
+    from inferfleet_runtime.demo_model import SERVED_NAME, cache_root
+    resolved = model_dir.resolve()
+    if resolved.name == SERVED_NAME or resolved.is_relative_to(cache_root().resolve()):
+        return SERVED_NAME
+    return model_dir.name
+
+
+def _bytes(text: str) -> int:
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+    lowered = text.strip().lower()
+    number = lowered.rstrip("kmgib")
+    unit = lowered[len(number):]
+    try:
+        return int(float(number) * units[unit])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 2GiB, 500MB, 1048576)") from None
+
+
+def _fail(message: str) -> int:
+    print(f"inferfleet-runtime serve: error: {message}", file=sys.stderr)
+    return 2
