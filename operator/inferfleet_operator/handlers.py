@@ -1,0 +1,251 @@
+"""kopf handlers: indexes of everything the planners read, triggers into one work queue, settings."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from . import builds, reconcile
+from .kube import Credentials, Kube, strip_object
+from .metrics import Metrics
+from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, Context
+from .settings import OperatorConfig
+from .workqueue import WorkQueue
+
+GROUP_VERSION = "inferfleet.dev/v1alpha1"
+SERVICE_KIND, BUILD_KIND = "InferenceService", "EngineBuild"
+
+# Server-side label selectors: the operator only ever sees its own children, Jobs and Job pods.
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+CHILD_RESOURCES = {"Deployment": ("apps/v1", "deployments"), "Service": ("v1", "services"),
+                   "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets")}
+
+logger = logging.getLogger("inferfleet_operator")
+
+
+def _node_view(body: kopf.Body) -> dict:
+    """What the planner reads from a Node: labels, taints, schedulability, capacity, readiness."""
+    status = body.get("status", {})
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": body.metadata.name, "labels": dict(body.metadata.labels),
+                     "annotations": dict(body.metadata.annotations)},
+        "spec": {k: v for k, v in body.get("spec", {}).items()
+                 if k in ("unschedulable", "taints")},
+        "status": {"capacity": status.get("capacity", {}),
+                   "allocatable": status.get("allocatable", {}),
+                   "conditions": [{"type": c.get("type"), "status": c.get("status")}
+                                  for c in status.get("conditions", [])]},
+    }
+
+
+def _plain(body: kopf.Body) -> dict:
+    return strip_object(dict(body))
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: Metrics) -> None:
+    """Registers every handler in `registry` (settings are closed over, not global)."""
+
+    on = dict(registry=registry)
+
+    # ------------------------------------------------------------------ settings and lifecycle
+
+    @kopf.on.startup(**on)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+        settings.posting.level = logging.WARNING  # kopf posts only its own warnings and errors
+        settings.posting.reporting_component = "inferfleet-operator"
+        settings.posting.reporting_instance = config.instance
+        settings.peering.standalone = config.peering is None
+        if config.peering:
+            settings.peering.name = config.peering
+            settings.peering.mandatory = True
+            settings.peering.clusterwide = config.is_clusterwide
+        for group_version, plural in CHILD_RESOURCES.values():
+            settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
+        for group_version, plural in (("batch/v1", "jobs"), ("v1", "pods")):
+            settings.watching.label_selectors[group_version, plural] = builds.BUILD_LABEL
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.reconnect_backoff = 1.0
+        # kopf bookkeeping lives in annotations under our own prefix; status stays ours alone.
+        settings.persistence.finalizer = "inferfleet.dev/kopf-finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="inferfleet.dev")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="inferfleet.dev", key="last-handled-configuration")
+        settings.queueing.idle_timeout = 30.0  # per-object kopf workers linger; ours do the work
+        settings.networking.error_backoffs = config.error_delays
+        settings.execution.max_workers = 2  # only sync callables use threads; ours are async
+
+        credentials = Credentials.in_cluster()
+        if credentials is None:
+            info = kopf.login_with_kubeconfig(settings=settings)
+            if info is None:
+                raise kopf.PermanentError("No credentials: not in a cluster and no kubeconfig "
+                                          "(set KUBECONFIG)")
+            credentials = Credentials.from_connection_info(info)
+        kube = Kube.connect(credentials, instance=config.instance,
+                            on_request=metrics.count_request)
+        # kopf passes every index under its id; all of ours end in "_index".
+        indices = {k: v for k, v in kwargs.items() if k.endswith("_index")}
+        ctx = Context(kube=kube, config=config, metrics=metrics, indices=indices)
+        queue = WorkQueue(lambda key: _work(ctx, key), concurrency=config.concurrency,
+                          debounce=config.debounce_seconds, error_delays=config.error_delays,
+                          on_error=lambda key, error: _failed(metrics, key, error))
+        metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending")
+                                      for b in ctx.all_values(reconcile.BUILDS)))
+        memo.ctx, memo.queue, memo.node_signatures = ctx, queue, {}
+        queue.start()
+        logger.info("Started operator %s for %s", config.instance,
+                    "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces))
+
+    @kopf.on.cleanup(**on)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        await memo.queue.stop()
+        await memo.ctx.kube.close()
+        logger.info("Stopped operator %s", config.instance)
+
+    # ------------------------------------------------------------------ indexes
+
+    @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICES, **on)
+    def service_index(namespace: str, name: str, body: kopf.Body, **_: Any):
+        return {(namespace, name): _plain(body)}
+
+    @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICE_REFS, **on)
+    def service_refs_index(namespace: str, name: str, status: kopf.Status, **_: Any):
+        refs = {p.get(field) for p in status.get("pools", []) or []
+                for field in ("engineBuild", "servingEngineBuild")}
+        return {(namespace, ref): name for ref in refs if ref}
+
+    @kopf.index(GROUP_VERSION, "inferenceruntimes", id=reconcile.RUNTIMES, **on)
+    def runtime_index(name: str, body: kopf.Body, **_: Any):
+        return {name: _plain(body)}
+
+    @kopf.index(GROUP_VERSION, "enginebuilds", id=reconcile.BUILDS, **on)
+    def build_index(namespace: str, body: kopf.Body, **_: Any):
+        return {namespace: _plain(body)}
+
+    @kopf.index("v1", "nodes", id=reconcile.NODES, **on)
+    def node_index(name: str, body: kopf.Body, **_: Any):
+        return {name: _node_view(body)}
+
+    def _child_index(index_id: str, group_version: str, plural: str) -> None:
+        @kopf.index(group_version, plural, id=index_id, labels={SERVICE_LABEL: kopf.PRESENT}, **on)
+        def child_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+            return {(namespace, labels[SERVICE_LABEL]): _plain(body)}
+
+    for kind, (group_version, plural) in CHILD_RESOURCES.items():
+        _child_index(reconcile.CHILD_INDEXES[kind], group_version, plural)
+
+    build_labelled = {builds.BUILD_LABEL: kopf.PRESENT}
+
+    @kopf.index("batch/v1", "jobs", id=reconcile.JOBS, labels=build_labelled, **on)
+    def job_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+        return {(namespace, labels[builds.BUILD_LABEL]): _plain(body)}
+
+    @kopf.index("v1", "pods", id=reconcile.PODS, labels=build_labelled, **on)
+    def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+        pod = _plain(body)
+        return {(namespace, labels[builds.BUILD_LABEL]):
+                {k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")}}
+
+    # ------------------------------------------------------------------ triggers
+
+    @kopf.on.event(GROUP_VERSION, "inferenceservices", **on)
+    def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
+                      **_: Any) -> None:
+        memo.ctx.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
+        if type == "DELETED":
+            memo.queue.forget((SERVICE_KIND, namespace, name))
+            for pool in body.get("status", {}).get("pools", []) or []:
+                for ref in (pool.get("engineBuild"), pool.get("servingEngineBuild")):
+                    if ref:  # its builds may now be unreferenced: start their GC clock
+                        memo.queue.enqueue((BUILD_KIND, namespace, ref))
+        else:
+            memo.queue.enqueue((SERVICE_KIND, namespace, name))
+
+    @kopf.on.event(GROUP_VERSION, "enginebuilds", **on)
+    def build_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
+                    service_refs_index: kopf.Index, **_: Any) -> None:
+        memo.ctx.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
+        if type == "DELETED":
+            memo.queue.forget((BUILD_KIND, namespace, name))
+        else:
+            memo.queue.enqueue((BUILD_KIND, namespace, name))
+        for service in service_refs_index.get((namespace, name), ()):
+            memo.queue.enqueue((SERVICE_KIND, namespace, service))
+
+    def _child_event(kind: str, group_version: str, plural: str) -> None:
+        @kopf.on.event(group_version, plural, id=f"{plural}_event",
+                       labels={SERVICE_LABEL: kopf.PRESENT}, **on)
+        def child_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
+                        memo: kopf.Memo, **_: Any) -> None:
+            memo.ctx.observed(kind, body, is_deleted=type == "DELETED")
+            memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
+
+    for kind, (group_version, plural) in CHILD_RESOURCES.items():
+        _child_event(kind, group_version, plural)
+
+    @kopf.on.event("batch/v1", "jobs", labels=build_labelled, **on)
+    def job_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
+                  memo: kopf.Memo, **_: Any) -> None:
+        memo.ctx.observed("Job", body, is_deleted=type == "DELETED")
+        memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
+
+    @kopf.on.event("v1", "pods", labels=build_labelled, **on)
+    def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+        memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
+
+    @kopf.on.event("v1", "nodes", **on)
+    def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo,
+                   service_index: kopf.Index, **_: Any) -> None:
+        # Heartbeats change nodes every few seconds; only what pools are made of re-plans services.
+        signature = None if type == "DELETED" else repr(_node_view(body))
+        if memo.node_signatures.get(name) == signature:
+            return
+        if signature is None:
+            memo.node_signatures.pop(name, None)
+        else:
+            memo.node_signatures[name] = signature
+        _enqueue_all_services(memo, service_index)
+
+    @kopf.on.event(GROUP_VERSION, "inferenceruntimes", **on)
+    def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
+        _enqueue_all_services(memo, service_index)
+
+    # Level-triggered safety net: every object is reconciled at least every resync interval.
+    @kopf.timer(GROUP_VERSION, "inferenceservices", interval=config.resync_seconds,
+                id="service_resync", **on)
+    def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+        memo.queue.enqueue((SERVICE_KIND, namespace, name), 0.0)
+
+    @kopf.timer(GROUP_VERSION, "enginebuilds", interval=config.resync_seconds,
+                id="build_resync", **on)
+    def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+        memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
+
+
+def _enqueue_all_services(memo: kopf.Memo, service_index: kopf.Index) -> None:
+    for namespace, name in list(service_index.keys()):
+        memo.queue.enqueue((SERVICE_KIND, namespace, name))
+
+
+async def _work(ctx: Context, key: tuple[str, str, str]) -> float | None:
+    kind, namespace, name = key
+    ctx.metrics.reconciles.labels(kind).inc()
+    with ctx.metrics.duration.labels(kind).time():
+        if kind == SERVICE_KIND:
+            return await reconcile.reconcile_service(ctx, namespace, name)
+        return await reconcile.reconcile_build(ctx, namespace, name)
+
+
+def _failed(metrics: Metrics, key: tuple[str, str, str], error: BaseException) -> None:
+    kind, namespace, name = key
+    metrics.errors.labels(kind).inc()
+    if isinstance(error, kopf.TemporaryError):
+        logger.info("Postponed %s %s/%s: %s", kind, namespace, name, error)
+    else:
+        logger.error("Failed to reconcile %s %s/%s: %s", kind, namespace, name, error,
+                     exc_info=not hasattr(error, "status"))

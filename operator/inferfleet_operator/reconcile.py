@@ -1,0 +1,230 @@
+"""The two reconciles (InferenceService, EngineBuild): read indexed state, call the planners, apply."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from . import api, builds, planner
+from .conditions import warning
+from .kube import Kube, is_subset, needs_apply, strip_object, with_applied_hash
+from .metrics import Metrics
+from .settings import OperatorConfig
+
+SERVICE_LABEL = "inferfleet.dev/service"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "inferfleet-operator"
+UNREFERENCED_ANNOTATION = "inferfleet.dev/unreferenced-since"
+
+# Index ids (kopf passes each index to handlers under this keyword) and what they are keyed by.
+SERVICES = "service_index"  # (namespace, name) -> InferenceService
+SERVICE_REFS = "service_refs_index"  # (namespace, engine build name) -> referencing service name
+RUNTIMES = "runtime_index"  # name -> InferenceRuntime
+NODES = "node_index"  # name -> Node (trimmed)
+BUILDS = "build_index"  # namespace -> EngineBuild
+DEPLOYMENTS = "deployment_index"  # (namespace, service) -> Deployment
+SERVICE_OBJECTS = "k8s_service_index"  # (namespace, service) -> core Service
+PDBS = "pdb_index"  # (namespace, service) -> PodDisruptionBudget
+JOBS = "job_index"  # (namespace, engine build) -> Job
+PODS = "pod_index"  # (namespace, engine build) -> Pod of a compile Job
+
+CHILD_INDEXES = {"Deployment": DEPLOYMENTS, "Service": SERVICE_OBJECTS,
+                 "PodDisruptionBudget": PDBS}
+CHILD_API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "PodDisruptionBudget": "policy/v1"}
+
+logger = logging.getLogger("inferfleet_operator")
+
+
+def _rv(obj: Mapping) -> int:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _ref(obj: Mapping) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+
+def _same(left: Any, right: Any) -> bool:
+    """Equal up to what the API server normalises (empty values, quantity spelling)."""
+    return is_subset(left, right) and is_subset(right, left)
+
+
+@dataclasses.dataclass
+class Context:
+    """What every reconcile needs; one per operator process, kept in kopf's memo."""
+
+    kube: Kube
+    config: OperatorConfig
+    metrics: Metrics
+    indices: Mapping[str, Mapping[Any, Iterable[dict]]]
+    clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc)
+    # Objects this process wrote, until the watch delivers them: a reconcile that runs before the
+    # watch event arrives must not see the old object and write again.
+    written: dict[tuple[str, str, str], dict] = dataclasses.field(default_factory=dict)
+    # Events already posted, so a replayed plan never posts the same Event twice.
+    posted: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+
+    @property
+    def plan_settings(self) -> api.PlanSettings:
+        return self.config.plan_settings()
+
+    def values(self, index: str, key: Any) -> list[dict]:
+        return list(self.indices[index].get(key, ()))
+
+    def all_values(self, index: str) -> list[dict]:
+        return [obj for store in self.indices[index].values() for obj in store]
+
+    def observed(self, kind: str, obj: Mapping, *, is_deleted: bool = False) -> None:
+        """Called on every watch event: drops what the index now knows at least as well."""
+        meta = obj.get("metadata", {})
+        key = (kind, meta.get("namespace") or "", meta.get("name", ""))
+        cached = self.written.get(key)
+        if cached is not None and (is_deleted or _rv(obj) >= _rv(cached)):
+            del self.written[key]
+
+    def fresher(self, kind: str, indexed: dict | None, namespace: str, name: str) -> dict | None:
+        cached = self.written.get((kind, namespace, name))
+        if cached is None or (indexed is not None and _rv(indexed) >= _rv(cached)):
+            return indexed
+        return cached
+
+    def remember(self, obj: dict) -> None:
+        meta = obj["metadata"]
+        self.written[(obj["kind"], meta.get("namespace") or "", meta["name"])] = strip_object(obj)
+
+    async def apply(self, desired: dict, live: dict | None, *, force: bool = True) -> bool:
+        """Applies `desired` unless the live object already matches; True when it wrote."""
+        if not needs_apply(desired, live):
+            return False
+        result = await self.kube.apply(with_applied_hash(desired), force=force)
+        self.remember(result)
+        logger.info("%s %s %s", "Created" if live is None else "Updated", desired["kind"],
+                    _ref(desired))
+        return True
+
+    async def post_events(self, obj: dict, events: Iterable[Any], action: str) -> None:
+        for event in events:
+            key = (obj["metadata"].get("uid"), event.type, event.reason, event.message)
+            if key in self.posted:
+                continue
+            self.posted[key] = None
+            while len(self.posted) > 10_000:
+                self.posted.popitem(last=False)
+            await self.kube.post_event(obj, type=event.type, reason=event.reason,
+                                       note=event.message, action=action)
+
+
+# ------------------------------------------------------------------------- InferenceService
+
+
+async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | None:
+    """Makes one InferenceService's builds, children and status match its plan."""
+    indexed = next(iter(ctx.values(SERVICES, (namespace, name))), None)
+    service = ctx.fresher("InferenceService", indexed, namespace, name)
+    if service is None or service["metadata"].get("deletionTimestamp"):
+        return None  # children go with their owner (ownerReferences); builds by reference GC
+    builds_by_key = {b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b
+                     for b in _builds(ctx, namespace)}
+    deployments = {d["metadata"]["name"]: d for d in ctx.values(DEPLOYMENTS, (namespace, name))}
+    try:
+        plan = planner.plan_service(service, ctx.all_values(NODES), ctx.all_values(RUNTIMES),
+                                    builds_by_key, deployments, ctx.clock(), ctx.plan_settings)
+    except api.SpecError as error:
+        logger.warning("Refused InferenceService %s/%s: %s", namespace, name, error)
+        await ctx.post_events(service, [warning("InvalidSpec", str(error))], "Plan")
+        return None
+
+    num_changes = 0
+    live_builds = {b["metadata"]["name"]: b for b in _builds(ctx, namespace)}
+    for desired in plan.engine_builds:
+        build_name = desired["metadata"]["name"]
+        live = ctx.fresher("EngineBuild", live_builds.get(build_name), namespace, build_name)
+        # Forced: restores fields someone edited by hand (they hold those fields otherwise).
+        num_changes += await ctx.apply(desired, live)
+
+    desired_names: dict[str, set[str]] = {kind: set() for kind in CHILD_INDEXES}
+    for desired in plan.children:
+        kind, child_name = desired["kind"], desired["metadata"]["name"]
+        desired_names.setdefault(kind, set()).add(child_name)
+        live = _find(ctx.values(CHILD_INDEXES[kind], (namespace, name)), child_name) \
+            if kind in CHILD_INDEXES else None
+        # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
+        # by another manager, and only a forced apply takes them back.
+        num_changes += await ctx.apply(desired, ctx.fresher(kind, live, namespace, child_name))
+
+    for kind, index in CHILD_INDEXES.items():
+        for child in ctx.values(index, (namespace, name)):
+            meta = child["metadata"]
+            if meta["name"] in desired_names[kind] or meta.get("deletionTimestamp"):
+                continue
+            if await ctx.kube.delete(CHILD_API_VERSIONS[kind], kind, namespace, meta["name"],
+                                     uid=meta.get("uid")):
+                logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
+                num_changes += 1
+
+    if not _same(plan.status, service.get("status") or {}):
+        ctx.remember(await ctx.kube.apply_status(service, plan.status))
+        num_changes += 1
+    if num_changes:
+        await ctx.post_events(service, plan.events, "Reconcile")
+    return plan.requeue_after
+
+
+def _builds(ctx: Context, namespace: str) -> list[dict]:
+    return ctx.values(BUILDS, namespace)
+
+
+def _find(objects: Iterable[dict], name: str) -> dict | None:
+    return next((o for o in objects if o["metadata"]["name"] == name), None)
+
+
+# ------------------------------------------------------------------------- EngineBuild
+
+
+async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | None:
+    """Drives one EngineBuild: a Job per attempt, its status, and deletion once unreferenced."""
+    indexed = _find(_builds(ctx, namespace), name)
+    build = ctx.fresher("EngineBuild", indexed, namespace, name)
+    if build is None or build["metadata"].get("deletionTimestamp"):
+        return None
+    now = ctx.clock()
+    jobs = ctx.values(JOBS, (namespace, name))
+    plan = builds.plan_build(build, jobs, now, ctx.plan_settings, ctx.values(PODS, (namespace, name)))
+
+    num_changes = 0
+    if plan.job is not None:
+        job_name = plan.job["metadata"]["name"]
+        live_job = ctx.fresher("Job", _find(jobs, job_name), namespace, job_name)
+        if live_job is None:
+            # Not forced, and never re-applied: a Job's template is immutable, and one attempt
+            # must map to exactly one Job even across operator restarts.
+            num_changes += await ctx.apply(plan.job, None, force=False)
+
+    if not _same(plan.status, build.get("status") or {}):
+        ctx.remember(await ctx.kube.apply_status(build, plan.status))
+        num_changes += 1
+    if num_changes:
+        await ctx.post_events(build, plan.events, "Build")
+
+    services = [s for s in ctx.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
+    gc = builds.plan_gc(build, services, now, ctx.plan_settings)
+    if gc.delete:
+        if await ctx.kube.delete(api.API_VERSION, "EngineBuild", namespace, name,
+                                 uid=build["metadata"].get("uid")):
+            logger.info("Deleted EngineBuild %s/%s (unreferenced for longer than %ss)", namespace,
+                        name, ctx.config.build_retention_seconds)
+        return None
+    annotations = build["metadata"].get("annotations") or {}
+    if annotations.get(UNREFERENCED_ANNOTATION) != gc.unreferenced_since:
+        result = await ctx.kube.patch_metadata(
+            build, annotations={UNREFERENCED_ANNOTATION: gc.unreferenced_since})
+        ctx.remember(result)
+    delays = [d for d in (plan.requeue_after, gc.requeue_after) if d is not None]
+    return min(delays) if delays else None

@@ -1,0 +1,371 @@
+"""The service reconcile against an in-memory API server: what a first rollout writes, that a no-op
+resync writes nothing, drift repair, stale children, Events."""
+
+import asyncio
+import copy
+import datetime
+import json
+import re
+
+import httpx
+from inferfleet_operator import builds, reconcile
+from inferfleet_operator.kube import Kube
+from inferfleet_operator.metrics import Metrics
+from inferfleet_operator.settings import OperatorConfig
+
+NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.timezone.utc)
+PLURAL_KINDS = {"deployments": "Deployment", "services": "Service",
+                "poddisruptionbudgets": "PodDisruptionBudget", "jobs": "Job",
+                "enginebuilds": "EngineBuild", "inferenceservices": "InferenceService",
+                "events": "Event"}
+PATH = re.compile(r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+                  r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$")
+
+
+class FakeApi:
+    """A tiny API server: server-side apply as replace-by-the-one-manager, status, deletes, events."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.events: list[dict] = []
+        self.revision = 100
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        match = PATH.match(request.url.path)
+        assert match, request.url.path
+        kind = PLURAL_KINDS[match["plural"]]
+        key = (kind, match["ns"], match["name"] or "")
+        body = json.loads(request.content) if request.content else None
+        self.requests.append((request.method, kind + ("/status" if match["sub"] else "")))
+        self.revision += 1
+        if request.method == "POST":
+            self.events.append(body)
+            return httpx.Response(201, json=body)
+        if request.method == "DELETE":
+            if key not in self.objects:
+                return httpx.Response(404, json={"reason": "NotFound", "message": "gone"})
+            del self.objects[key]
+            return httpx.Response(200, json={"kind": "Status"})
+        assert request.method == "PATCH"
+        old = self.objects.get(key)
+        if match["sub"]:
+            obj = copy.deepcopy(old)
+            obj["status"] = body["status"]
+        elif request.headers["content-type"] == "application/merge-patch+json":
+            obj = copy.deepcopy(old)
+            annotations = obj["metadata"].setdefault("annotations", {})
+            for k, v in body["metadata"]["annotations"].items():
+                annotations.pop(k, None) if v is None else annotations.__setitem__(k, v)
+        else:
+            assert request.headers["content-type"] == "application/apply-patch+yaml"
+            assert request.url.params["fieldManager"] == "inferfleet-operator"
+            obj = copy.deepcopy(body)
+            meta = obj["metadata"]
+            meta["uid"] = (old or {}).get("metadata", {}).get("uid", f"uid-{self.revision}")
+            if old and "status" in old:
+                obj["status"] = old["status"]
+        obj["metadata"]["resourceVersion"] = str(self.revision)
+        self.objects[key] = obj
+        return httpx.Response(200, json=obj)
+
+    def writes(self) -> list[tuple[str, str]]:
+        return list(self.requests)
+
+
+def _node(name, labels, allocatable):
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/arch": "amd64", **labels}},
+            "spec": {},
+            "status": {"allocatable": {"cpu": "96", "memory": "1024Gi", **allocatable},
+                       "capacity": {"cpu": "96", "memory": "1024Gi", **allocatable},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+NODES = [
+    _node("h100-0", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                     "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0",
+                     "nvidia.com/gpu.count": "8"}, {"nvidia.com/gpu": "8"}),
+    _node("cpu-0", {}, {}),
+]
+
+
+def _runtime(name, engine, vendors, resource, priority, compile_image=None):
+    spec = {"engine": engine, "vendors": vendors, "image": f"inferfleet/{name}:1",
+            "gpuResource": resource, "priority": priority}
+    if compile_image:
+        spec["compileImage"] = compile_image
+    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceRuntime",
+            "metadata": {"name": name}, "spec": spec}
+
+
+RUNTIMES = [
+    _runtime("paged-cuda", "Paged", ["nvidia"], "nvidia.com/gpu", 100),
+    _runtime("paged-cpu", "Paged", ["cpu"], "", 10),
+    _runtime("compiled-tensorrt", "Compiled", ["nvidia"], "nvidia.com/gpu", 200,
+             compile_image="inferfleet/compile-tensorrt:1"),
+]
+
+
+def _service(name="llama", replicas=2):
+    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}",
+                         "generation": 1, "resourceVersion": "1"},
+            "spec": {"model": {"name": "llama", "uri": "hf://org/llama"},
+                     "replicas": replicas,
+                     "pools": [{"name": "nvidia-h100-80gb-hbm3", "replicas": min(replicas, 1)},
+                               {"name": "cpu-amd64", "replicas": max(replicas - 1, 0)}]}}
+
+
+class World:
+    """The fake API plus indices rebuilt from it, as kopf's watches would keep them."""
+
+    def __init__(self, services):
+        self.api = FakeApi()
+        for service in services:
+            meta = service["metadata"]
+            self.api.objects[("InferenceService", meta["namespace"], meta["name"])] = service
+        http = httpx.AsyncClient(base_url="https://api.test",
+                                 transport=httpx.MockTransport(self.api.handle))
+        self.kube = Kube(http)
+        self.indices = {}
+        self.sync()
+        config = OperatorConfig(build_retention_seconds=60)
+        self.ctx = reconcile.Context(kube=self.kube, config=config, metrics=Metrics(),
+                                     indices=self.indices, clock=lambda: NOW)
+
+    def sync(self):
+        """Every index as the watches would have it after all events arrived."""
+        index = {name: {} for name in (reconcile.SERVICES, reconcile.BUILDS, reconcile.DEPLOYMENTS,
+                                       reconcile.SERVICE_OBJECTS, reconcile.PDBS, reconcile.JOBS,
+                                       reconcile.PODS)}
+        index[reconcile.NODES] = {n["metadata"]["name"]: [n] for n in NODES}
+        index[reconcile.RUNTIMES] = {r["metadata"]["name"]: [r] for r in RUNTIMES}
+        for (kind, ns, name), obj in self.api.objects.items():
+            obj = copy.deepcopy(obj)
+            service = obj["metadata"].get("labels", {}).get(reconcile.SERVICE_LABEL)
+            if kind == "InferenceService":
+                index[reconcile.SERVICES].setdefault((ns, name), []).append(obj)
+            elif kind == "EngineBuild":
+                index[reconcile.BUILDS].setdefault(ns, []).append(obj)
+            elif kind == "Job":
+                build = obj["metadata"]["labels"][builds.BUILD_LABEL]
+                index[reconcile.JOBS].setdefault((ns, build), []).append(obj)
+            elif kind in reconcile.CHILD_INDEXES:
+                index[reconcile.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
+        self.indices.clear()
+        self.indices.update(index)
+        self.ctx_written_clear()
+
+    def ctx_written_clear(self):
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            ctx.written.clear()  # the watch delivered everything written
+
+    def reconcile(self, name="llama"):
+        before = len(self.api.requests)
+        asyncio.run(reconcile.reconcile_service(self.ctx, "team-a", name))
+        return self.api.requests[before:]
+
+    def reconcile_build(self, name, at=NOW):
+        self.ctx.clock = lambda: at
+        before = len(self.api.requests)
+        delay = asyncio.run(reconcile.reconcile_build(self.ctx, "team-a", name))
+        return self.api.requests[before:], delay
+
+    def build_name(self):
+        (name,) = [k[2] for k in self.api.objects if k[0] == "EngineBuild"]
+        return name
+
+    def get(self, kind, name):
+        return self.api.objects.get((kind, "team-a", name))
+
+
+def test_first_rollout_applies_builds_children_and_status_once_each():
+    world = World([_service()])
+    writes = world.reconcile()
+    kinds = sorted(kind for _, kind in writes if kind != "Event")
+    assert kinds == sorted(["EngineBuild", "Deployment", "Deployment", "Service",
+                            "PodDisruptionBudget", "InferenceService/status"])
+    assert world.api.events, "a first rollout reports its pool decisions as Events"
+    deployments = [k for k in world.api.objects if k[0] == "Deployment"]
+    assert {name for _, _, name in deployments} == {"llama-nvidia-h100-80gb-hbm3", "llama-cpu-amd64"}
+    owner = world.get("Deployment", "llama-cpu-amd64")["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == "uid-llama" and owner["kind"] == "InferenceService"
+    build = next(o for k, o in world.api.objects.items() if k[0] == "EngineBuild")
+    assert "ownerReferences" not in build["metadata"], "builds are shared, never owned by one service"
+
+
+def test_a_no_op_resync_writes_nothing():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    world.reconcile()  # status now reflects the first reconcile; nothing else moved
+    world.sync()
+    assert world.reconcile() == []
+
+
+def test_a_reconcile_before_the_watch_catches_up_does_not_write_twice():
+    world = World([_service()])
+    world.reconcile()
+    world.reconcile()  # indices still hold the pre-rollout state
+    world.sync()
+    assert world.reconcile() == []
+
+
+def test_a_deleted_child_is_restored():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    world.reconcile()
+    del world.api.objects[("Deployment", "team-a", "llama-cpu-amd64")]
+    world.sync()
+    writes = world.reconcile()
+    assert ("PATCH", "Deployment") in writes
+    assert world.get("Deployment", "llama-cpu-amd64") is not None
+
+
+def test_a_child_edited_by_hand_is_put_back_with_a_forced_apply():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    world.reconcile()
+    world.api.objects[("Deployment", "team-a", "llama-cpu-amd64")]["spec"]["replicas"] = 7
+    world.sync()
+    requests = []
+    original = world.api.handle
+
+    def spy(request):
+        requests.append(request)
+        return original(request)
+
+    world.kube._http._transport = httpx.MockTransport(spy)
+    world.reconcile()
+    (patch,) = [r for r in requests if r.method == "PATCH"]
+    assert patch.url.params["force"] == "true"
+    assert world.get("Deployment", "llama-cpu-amd64")["spec"]["replicas"] == 1
+
+
+def test_a_deployment_of_a_pool_no_longer_planned_is_deleted():
+    world = World([_service()])
+    world.reconcile()
+    stale = copy.deepcopy(world.get("Deployment", "llama-cpu-amd64"))
+    stale["metadata"]["name"] = "llama-amd-mi300x"
+    stale["metadata"]["labels"][reconcile.SERVICE_LABEL] = "llama"
+    world.api.objects[("Deployment", "team-a", "llama-amd-mi300x")] = stale
+    world.sync()
+    writes = world.reconcile()
+    assert ("DELETE", "Deployment") in writes
+    assert world.get("Deployment", "llama-amd-mi300x") is None
+    assert world.get("Deployment", "llama-cpu-amd64") is not None
+
+
+def test_two_services_with_one_key_share_one_build():
+    world = World([_service("llama"), _service("llama-copy")])
+    world.reconcile("llama")
+    world.sync()
+    world.reconcile("llama-copy")
+    builds = [k for k in world.api.objects if k[0] == "EngineBuild"]
+    assert len(builds) == 1
+
+
+def test_status_reports_a_bridge_while_the_engine_builds():
+    world = World([_service()])
+    world.reconcile()
+    status = world.get("InferenceService", "llama")["status"]
+    nvidia = next(p for p in status["pools"] if p["vendor"] == "nvidia")
+    assert nvidia["engine"] == "Compiled" and nvidia["servingEngine"] == "Paged"
+    deployment = world.get("Deployment", "llama-nvidia-h100-80gb-hbm3")
+    assert "--model" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_service_without_replicas_has_no_deployments():
+    world = World([_service(replicas=0)])
+    world.reconcile()
+    assert not [k for k in world.api.objects if k[0] == "Deployment"]
+
+
+def _finish_job(world, job_name, succeeded=True):
+    job = world.get("Job", job_name)
+    job["status"] = ({"succeeded": 1, "startTime": "2026-12-02T12:00:00Z",
+                      "completionTime": "2026-12-02T12:03:00Z",
+                      "conditions": [{"type": "Complete", "status": "True"}]} if succeeded else
+                     {"failed": 1, "conditions": [{"type": "Failed", "status": "True",
+                                                   "lastTransitionTime": "2026-12-02T12:01:00Z"}]})
+
+
+def test_a_build_runs_one_job_per_attempt_even_before_the_watch_catches_up():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    writes, _ = world.reconcile_build(name)
+    assert ("PATCH", "Job") in writes and ("PATCH", "EngineBuild/status") in writes
+    writes, _ = world.reconcile_build(name)  # the Job is not in the index yet
+    assert ("PATCH", "Job") not in writes
+    world.sync()
+    writes, _ = world.reconcile_build(name)
+    assert writes == [("PATCH", "EngineBuild/status")]  # the Job exists: Pending -> Building
+    assert world.get("EngineBuild", name)["status"]["state"] == "Building"
+    world.sync()
+    writes, _ = world.reconcile_build(name)
+    assert writes == []
+    jobs = [k for k in world.api.objects if k[0] == "Job"]
+    assert [k[2] for k in jobs] == [f"{name}-1"]
+    owner = world.get("Job", f"{name}-1")["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("EngineBuild", name)
+
+
+def test_a_finished_build_is_ready_and_the_pool_rolls_to_the_compiled_engine():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.reconcile_build(name)
+    _finish_job(world, f"{name}-1")
+    world.sync()
+    world.reconcile_build(name)
+    assert world.get("EngineBuild", name)["status"]["state"] == "Ready"
+    world.sync()
+    world.reconcile()
+    args = world.get("Deployment", "llama-nvidia-h100-80gb-hbm3")["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert "--engine-dir" in args and f"/engines/{name}" in args
+
+
+def test_a_failed_attempt_waits_out_its_backoff_before_the_next_job():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.reconcile_build(name)
+    _finish_job(world, f"{name}-1", succeeded=False)
+    world.sync()
+    failed_at = datetime.datetime(2026, 12, 2, 12, 1, tzinfo=datetime.timezone.utc)
+    writes, delay = world.reconcile_build(name, at=failed_at + datetime.timedelta(seconds=1))
+    assert ("PATCH", "Job") not in writes
+    assert delay is not None and delay > 0
+    world.sync()
+    writes, _ = world.reconcile_build(name, at=failed_at + datetime.timedelta(seconds=delay + 2))
+    assert ("PATCH", "Job") in writes
+    assert world.get("Job", f"{name}-2") is not None
+
+
+def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.reconcile_build(name)
+    world.sync()
+    del world.api.objects[("InferenceService", "team-a", "llama")]
+    world.sync()
+    writes, delay = world.reconcile_build(name)
+    assert ("DELETE", "EngineBuild") not in writes
+    assert delay == 60  # the retention: recorded when it was first seen unreferenced
+    assert world.get("EngineBuild", name)["metadata"]["annotations"][
+        reconcile.UNREFERENCED_ANNOTATION] == "2026-12-02T12:00:00Z"
+    world.sync()
+    writes, _ = world.reconcile_build(name, at=NOW + datetime.timedelta(seconds=61))
+    assert ("DELETE", "EngineBuild") in writes
+    assert world.get("EngineBuild", name) is None
