@@ -32,6 +32,8 @@ algorithms and the PagedAttention block-table layout):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ._triton import check_dtype, check_same_device, next_power_of_2, triton_kernel
@@ -194,15 +196,55 @@ def _reduce_partitions_kernel(
     tl.store(out_ptr + token * stride_out_token + head * stride_out_head + d, out.to(out_ptr.dtype.element_ty), mask=d_valid)
 
 
-def _default_num_splits(device, num_seqs, num_kv_heads, max_seq_len, block_n):
-    """Splits so that decode launches about two programs per streaming multiprocessor."""
-    if device.type == "cuda":
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Tile sizes and grid of one paged attention launch (a pure function of the batch shape)."""
+
+    block_q: int  # query tokens per program
+    block_g: int  # query heads per program (the GQA group, padded to a power of two)
+    block_n: int  # key positions per inner-loop tile
+    block_d: int  # head_dim padded to a power of two
+    num_q_tiles: int
+    num_partitions: int  # KV partitions per sequence; > 1 is the split-KV path
+    partition_size: int  # key positions per partition, a multiple of block_n
+
+    @property
+    def is_split(self) -> bool:
+        return self.num_partitions > 1
+
+
+def plan_paged_attention(*, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len, max_seq_len,
+                         is_decode, num_splits=None, num_sms=16) -> AttentionPlan:
+    """Chooses tiles and the KV split. num_splits None: decode splits until about two programs run
+    per streaming multiprocessor (num_sms), keeping each partition at least four tiles long."""
+    group = num_q_heads // num_kv_heads
+    block_d = max(16, next_power_of_2(head_dim))
+    block_n = 32 if block_d > 64 else 64
+    if is_decode:
+        # tl.dot needs at least 16 rows: pad the group (masked rows cost compute, not memory).
+        block_q, block_g = 1, max(16, next_power_of_2(group))
+        if num_splits is None:
+            wanted = -(-2 * num_sms // max(1, num_seqs * num_kv_heads))
+            num_splits = max(1, min(wanted, max_seq_len // (4 * block_n)))
     else:
-        num_sms = 16
-    wanted = -(-2 * num_sms // max(1, num_seqs * num_kv_heads))
-    # A partition smaller than a few tiles costs more in the reduce than it gains.
-    return max(1, min(wanted, max_seq_len // (4 * block_n), MAX_PARTITIONS))
+        block_g = next_power_of_2(group)
+        block_q = max(1, 64 // block_g)
+        num_splits = 1  # prefill has parallelism across query tiles
+    num_splits = max(1, min(int(num_splits), MAX_PARTITIONS, -(-max_seq_len // 16)))
+    block_n = min(block_n, max(16, next_power_of_2(-(-max_seq_len // num_splits))))
+    partition_size = -(-max_seq_len // num_splits)
+    partition_size = -(-partition_size // block_n) * block_n
+    return AttentionPlan(
+        block_q=block_q, block_g=block_g, block_n=block_n, block_d=block_d,
+        num_q_tiles=-(-max_query_len // block_q),
+        num_partitions=-(-max_seq_len // partition_size), partition_size=partition_size,
+    )
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 16
 
 
 def paged_attention(
@@ -263,48 +305,35 @@ def paged_attention(
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
 
-    group = num_q_heads // num_kv_heads
-    block_d = max(16, next_power_of_2(head_dim))
-    block_n = 32 if block_d > 64 else 64
-    if is_decode:
-        block_q, block_g = 1, max(16, next_power_of_2(group))
-        if num_splits is None:
-            num_splits = _default_num_splits(query.device, num_seqs, num_kv_heads, max_seq_len, block_n)
-    else:
-        block_g = next_power_of_2(group)
-        block_q = max(1, 64 // block_g)
-        num_splits = 1
-    num_splits = max(1, min(int(num_splits), MAX_PARTITIONS, -(-max_seq_len // 16)))
-    block_n = min(block_n, max(16, next_power_of_2(-(-max_seq_len // num_splits))))
-    partition_size = -(-max_seq_len // num_splits)
-    partition_size = -(-partition_size // block_n) * block_n
-    num_partitions = -(-max_seq_len // partition_size)
-    is_split = num_partitions > 1
-    num_q_tiles = -(-max_query_len // block_q)
-
+    plan = plan_paged_attention(
+        num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        max_query_len=max_query_len, max_seq_len=max_seq_len, is_decode=is_decode, num_splits=num_splits,
+        num_sms=_num_sms(query.device),
+    )
+    num_partitions, is_split = plan.num_partitions, plan.is_split
     if is_split:
         part_out = torch.empty((num_tokens, num_q_heads, num_partitions, head_dim), dtype=torch.float32, device=query.device)
         part_max = torch.empty((num_tokens, num_q_heads, num_partitions), dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
     else:
         part_out = part_max = part_sum = out
-    grid = (num_seqs, num_kv_heads, num_q_tiles * num_partitions)
+    grid = (num_seqs, num_kv_heads, plan.num_q_tiles * num_partitions)
     _paged_attention_kernel.on(query.device)[grid](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         out, part_out, part_max, part_sum,
         float(scale) * LOG2_E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
-        num_q_heads, num_partitions, partition_size,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_G=block_g, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_q_heads, num_partitions, plan.partition_size,
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_G=plan.block_g, BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         IS_DECODE=is_decode, IS_SPLIT=is_split,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )
     if is_split:
         _reduce_partitions_kernel.on(query.device)[(num_tokens, num_q_heads)](
             part_out, part_max, part_sum, seq_lens, out,
-            out.stride(0), out.stride(1), num_q_heads, num_partitions, partition_size,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_partitions),
+            out.stride(0), out.stride(1), num_q_heads, num_partitions, plan.partition_size,
+            HEAD_DIM=head_dim, BLOCK_D=plan.block_d, BLOCK_P=next_power_of_2(num_partitions),
         )
     return out

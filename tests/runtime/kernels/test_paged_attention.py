@@ -122,6 +122,10 @@ def test_varlen_prefill_and_extend_match_reference(block_size, head_dim, heads, 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_split_kv_decode_matches_reference(seq_lens, num_splits, dtype, tolerance):
     block_size, num_heads, num_kv_heads, head_dim = 16, 4, 2, 64
+    plan = pa.plan_paged_attention(num_seqs=len(seq_lens), num_q_heads=num_heads, num_kv_heads=num_kv_heads,
+                                   head_dim=head_dim, max_query_len=1, max_seq_len=max(seq_lens),
+                                   is_decode=True, num_splits=num_splits)
+    assert plan.num_partitions > 1, "the case must exercise the split-KV path and its reduce"
     key_cache, value_cache, block_tables, seq_lens_t = make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim, dtype)
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     args = (query, key_cache, value_cache, block_tables, seq_lens_t, 0.125)
@@ -164,3 +168,21 @@ def test_rejects_int64_block_tables():
     key_cache, value_cache, block_tables, seq_lens = make_paged_batch([4], 8, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="int32"):
         pa.paged_attention(torch.randn(1, 2, 16), key_cache, value_cache, block_tables.long(), seq_lens, 0.25)
+
+
+def test_plan_splits_long_context_decode_to_fill_the_device():
+    # One sequence of 32k tokens with 8 kv heads on a 132-SM device: 8 programs without a split.
+    plan = pa.plan_paged_attention(num_seqs=1, num_q_heads=32, num_kv_heads=8, head_dim=128, max_query_len=1,
+                                   max_seq_len=32768, is_decode=True, num_sms=132)
+    num_programs = 8 * plan.num_partitions
+    assert 132 <= num_programs <= 2 * 132 + 8 and plan.partition_size % plan.block_n == 0
+    assert plan.num_partitions * plan.partition_size >= 32768
+
+
+def test_plan_does_not_split_a_large_decode_batch_or_prefill():
+    big_batch = pa.plan_paged_attention(num_seqs=256, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                        max_query_len=1, max_seq_len=4096, is_decode=True, num_sms=132)
+    prefill = pa.plan_paged_attention(num_seqs=1, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                      max_query_len=4096, max_seq_len=4096, is_decode=False, num_sms=132)
+    assert not big_batch.is_split and not prefill.is_split
+    assert prefill.num_q_tiles * prefill.block_q >= 4096
