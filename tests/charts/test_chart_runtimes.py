@@ -1,0 +1,78 @@
+"""The default InferenceRuntime objects: paged for CUDA, ROCm, XPU and CPU, compiled TensorRT for NVIDIA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from inferfleet_operator.api import parse_runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+APP_VERSION = yaml.safe_load((ROOT / "charts" / "inferfleet" / "Chart.yaml").read_text())["appVersion"]
+
+
+def _runtimes(objects: list[dict]) -> dict[str, dict]:
+    return {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "InferenceRuntime"}
+
+
+def _crd_schema() -> dict:
+    crd = yaml.safe_load((ROOT / "crds" / "inferenceruntimes.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def test_defaults_cover_every_vendor_with_paged_and_nvidia_with_tensorrt(render):
+    runtimes = _runtimes(render())
+    by_engine = {}
+    for runtime in runtimes.values():
+        spec = runtime["spec"]
+        by_engine.setdefault(spec["engine"], set()).update(spec["vendors"])
+    assert by_engine == {"Paged": {"nvidia", "amd", "intel", "cpu"}, "Compiled": {"nvidia"}}
+    tensorrt = runtimes["compiled-tensorrt"]["spec"]
+    assert tensorrt["compileImage"] == f"inferfleet/runtime-tensorrt:{APP_VERSION}"
+    assert "sm90" in tensorrt["architectures"]
+    # Compiled outranks paged where both fit (NVIDIA pools under policy Auto).
+    assert tensorrt["priority"] > runtimes["paged-cuda"]["spec"]["priority"]
+    assert runtimes["paged-cuda"]["spec"]["gpuResource"] == "nvidia.com/gpu"
+    assert "gpuResource" not in runtimes["paged-cpu"]["spec"]
+    assert all("compileImage" not in r["spec"] for r in runtimes.values() if r["spec"]["engine"] == "Paged")
+
+
+def test_every_default_runtime_passes_the_crd_schema_and_the_operator_parser(render):
+    schema = _crd_schema()
+    for name, runtime in _runtimes(render()).items():
+        jsonschema.validate(runtime["spec"], schema)
+        assert parse_runtime(runtime).name == name
+        assert runtime["apiVersion"] == "inferfleet.dev/v1alpha1" and "namespace" not in runtime["metadata"]
+
+
+def test_runtimes_are_created_after_the_crds_by_a_hook(render):
+    for runtime in _runtimes(render()).values():
+        annotations = runtime["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "post-install,post-upgrade"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation"
+
+
+def test_images_follow_the_default_tag_unless_a_runtime_sets_its_own(render):
+    values = {"runtimes": {"tag": "2.0.0", "items": {"paged-rocm": {"image": {"repository": "mirror/rocm", "tag": "6.3"}}}}}
+    runtimes = _runtimes(render(values))
+    assert runtimes["paged-cuda"]["spec"]["image"] == "inferfleet/runtime-cuda:2.0.0"
+    assert runtimes["compiled-tensorrt"]["spec"]["compileImage"] == "inferfleet/runtime-tensorrt:2.0.0"
+    assert runtimes["paged-rocm"]["spec"]["image"] == "mirror/rocm:6.3"
+    assert _runtimes(render())["paged-cuda"]["spec"]["image"] == f"inferfleet/runtime-cuda:{APP_VERSION}"
+
+
+def test_runtimes_can_be_disabled_one_by_one_or_all(render):
+    runtimes = _runtimes(render({"runtimes": {"items": {"compiled-tensorrt": {"enabled": False}}}}))
+    assert set(runtimes) == {"paged-cuda", "paged-rocm", "paged-xpu", "paged-cpu"}
+    assert _runtimes(render({"runtimes": {"create": False}})) == {}
+
+
+def test_new_silicon_is_one_more_entry(render):
+    gaudi = {"enabled": True, "engine": "Paged", "vendors": ["habana"], "gpuResource": "habana.ai/gaudi",
+             "priority": 50, "image": {"repository": "acme/runtime-gaudi", "tag": "1.0"}}
+    runtime = _runtimes(render({"runtimes": {"items": {"paged-gaudi": gaudi}}}))["paged-gaudi"]
+    assert runtime["spec"] == {"engine": "Paged", "vendors": ["habana"], "image": "acme/runtime-gaudi:1.0",
+                               "gpuResource": "habana.ai/gaudi", "priority": 50}
+    jsonschema.validate(runtime["spec"], _crd_schema())
