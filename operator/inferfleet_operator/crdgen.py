@@ -1,0 +1,401 @@
+"""crdgen: the CustomResourceDefinitions generated from the models' defaults, enums and bounds (`python -m inferfleet_operator.crdgen crds/`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from . import api
+from .api import (
+    BLOCK_SIZES,
+    BOUNDS,
+    BUILD_STATES,
+    DTYPES,
+    ENGINES,
+    FALLBACKS,
+    GROUP,
+    POLICIES,
+    TENSOR_PARALLEL_SIZES,
+    VENDORS,
+    VERSION,
+    default_of,
+)
+
+URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.+|hf://[^/]+/[^/]+|file:///.+|s3://[^/]+/.+)$"
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+
+
+# ------------------------------------------------------------------ schema helpers
+
+
+def rule(expression: str, message: str, **extra) -> dict:
+    return {"rule": expression, "message": message, **extra}
+
+
+
+def string(description: str, default=None, enum=None, pattern=None, max_length=None, rules=None) -> dict:
+    out = {"type": "string", "description": description}
+    if enum is not None:
+        out["enum"] = list(enum)
+    if pattern is not None:
+        out["pattern"] = pattern
+    if max_length is not None:
+        out["maxLength"] = max_length
+    if default is not None:
+        out["default"] = default
+    if rules:
+        out["x-kubernetes-validations"] = rules
+    return out
+
+
+def integer(description: str, default=None, bounds=None, enum=None, rules=None) -> dict:
+    out = {"type": "integer", "description": description}
+    if bounds is not None:
+        out["minimum"], out["maximum"] = bounds
+    if enum is not None:
+        out["enum"] = list(enum)
+    if default is not None:
+        out["default"] = default
+    if rules:
+        out["x-kubernetes-validations"] = rules
+    return out
+
+
+def boolean(description: str, default=None) -> dict:
+    out = {"type": "boolean", "description": description}
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def obj(description: str, properties: dict, required=(), default=None, rules=None) -> dict:
+    out = {"type": "object", "description": description, "properties": properties}
+    if required:
+        out["required"] = list(required)
+    if default is not None:
+        out["default"] = default
+    if rules:
+        out["x-kubernetes-validations"] = rules
+    return out
+
+
+def array(description: str, items: dict, max_items: int, list_type="atomic", keys=None, rules=None, min_items=None) -> dict:
+    out = {"type": "array", "description": description, "items": items, "maxItems": max_items, "x-kubernetes-list-type": list_type}
+    if keys:
+        out["x-kubernetes-list-map-keys"] = list(keys)
+    if min_items is not None:
+        out["minItems"] = min_items
+    if rules:
+        out["x-kubernetes-validations"] = rules
+    return out
+
+
+def string_map(description: str, max_properties: int) -> dict:
+    return {"type": "object", "description": description, "additionalProperties": {"type": "string"}, "maxProperties": max_properties}
+
+
+# ------------------------------------------------------------------ shared pieces
+
+
+def envelope_schema(description: str, rules=None) -> dict:
+    d = lambda name: default_of(api.EngineEnvelope, name)  # noqa: E731
+    return obj(
+        description,
+        {
+            "maxContextLength": integer("Longest sequence (prompt + completion) in tokens.", d("max_context_length"), BOUNDS["max_context_length"]),
+            "maxBatchSize": integer("Most sequences decoded together.", d("max_batch_size"), BOUNDS["max_batch_size"]),
+            "dtype": string("Weight and activation dtype.", d("dtype"), DTYPES),
+            "tensorParallelSize": integer("GPUs one replica shards the model over.", d("tensor_parallel_size"), enum=TENSOR_PARALLEL_SIZES),
+            "blockSize": integer("Tokens per KV-cache block.", d("block_size"), enum=BLOCK_SIZES),
+        },
+        default={},
+        rules=rules,
+    )
+
+
+def tolerations_schema() -> dict:
+    item = obj(
+        "A toleration copied to the pods (same meaning as a pod's).",
+        {
+            "key": string("Taint key; empty with operator Exists tolerates every taint.", max_length=253),
+            "operator": string("Exists or Equal.", "Equal", ("Exists", "Equal")),
+            "value": string("Taint value (Equal only).", max_length=63),
+            "effect": string("Empty: every effect.", enum=("", "NoSchedule", "PreferNoSchedule", "NoExecute")),
+            "tolerationSeconds": integer("NoExecute only: how long the pod stays after the taint appears.", bounds=(0, 86400 * 365)),
+        },
+        rules=[rule("self.operator != 'Exists' || !has(self.value) || self.value == ''", "tolerations[].value must be empty when operator is Exists")],
+    )
+    return array("Tolerations for the nodes' taints.", item, 32)
+
+
+def condition_schema() -> dict:
+    return obj(
+        "A condition (metav1.Condition).",
+        {
+            "type": string("Condition type."),
+            "status": string("True, False or Unknown.", enum=("True", "False", "Unknown")),
+            "reason": string("CamelCase reason."),
+            "message": string("Human-readable detail."),
+            "lastTransitionTime": {"type": "string", "format": "date-time", "description": "When status last changed."},
+            "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation the condition was set for."},
+        },
+        required=("type", "status"),
+    )
+
+
+def crd(kind: str, plural: str, short: str, scope: str, spec: dict, status: dict, columns: list[dict], root_rules=None) -> dict:
+    schema = obj(f"{kind} ({GROUP}/{VERSION}).", {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"}, "spec": spec, "status": status}, required=("spec",), rules=root_rules)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/name": "inferfleet"}},
+        "spec": {
+            "group": GROUP,
+            "scope": scope,
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(), "shortNames": [short], "categories": ["inferfleet"]},
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def column(name: str, path: str, type_: str = "string", description: str = "") -> dict:
+    out = {"name": name, "type": type_, "jsonPath": path}
+    if description:
+        out["description"] = description
+    return out
+
+
+AGE = column("Age", ".metadata.creationTimestamp", "date")
+
+
+# ------------------------------------------------------------------ the kinds
+
+
+def inference_service() -> dict:
+    d_rt = lambda name: default_of(api.RuntimeSpec, name)  # noqa: E731
+    d_res = lambda name: default_of(api.Resources, name)  # noqa: E731
+    spec = obj(
+        "What to serve and where.",
+        {
+            "model": obj(
+                "The model to serve.",
+                {
+                    "name": string("Served model name: the OpenAI `model` id clients send.", pattern=MODEL_NAME_PATTERN, max_length=128,
+                                   rules=[rule("self == oldSelf", "model.name is immutable: create a new InferenceService to serve under another name")]),  # fmt: skip
+                    "uri": string("Where the weights are: pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH (hostPath) or s3://BUCKET/KEY.", max_length=1024,
+                                  rules=[rule(f"self.matches('{URI_PATTERN}')", "model.uri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///ABSOLUTE/PATH or s3://BUCKET/KEY")]),  # fmt: skip
+                    "revision": string("Model revision (branch, tag or commit).", default_of(api.ModelSpec, "revision"), max_length=128),
+                },
+                required=("name", "uri"),
+            ),
+            "engine": envelope_schema("The engine envelope: compiled engines are built for it, paged serving uses the same limits."),
+            "runtime": obj(
+                "How each pool's runtime is chosen.",
+                {
+                    "policy": string("Auto: compiled where a Compiled runtime fits the pool, else paged. Paged: paged everywhere. Compiled: only pools a Compiled runtime fits.", d_rt("policy"), POLICIES),
+                    "fallback": string("What serves a pool whose engine build failed: Paged, or None (nothing; the service is Degraded).", d_rt("fallback"), FALLBACKS),
+                    "bridge": boolean("Serve with paged while a compiled engine builds.", d_rt("bridge")),
+                },
+                default={},
+                rules=[rule("!(self.policy == 'Paged' && self.fallback == 'None')",
+                            "runtime.fallback None has no effect with runtime.policy Paged (nothing is compiled): remove runtime.fallback or use policy Auto or Compiled")],  # fmt: skip
+            ),
+            "replicas": integer("Serving replicas in total across pools.", default_of(api.InferenceServiceSpec, "replicas"), BOUNDS["replicas"]),
+            "pools": array(
+                "Per-pool replica overrides; the remaining replicas are spread over the other pools by capacity.",
+                obj("One pool's replicas.", {"name": string("Pool name as shown in status.pools[].name.", pattern=DNS_LABEL_PATTERN, max_length=63),
+                                             "replicas": integer("Replicas in this pool.", bounds=BOUNDS["replicas"])}, required=("name", "replicas")),  # fmt: skip
+                32, "map", ("name",),
+            ),
+            "placement": obj(
+                "Where the service may run.",
+                {
+                    "vendors": array("Allowed GPU vendors (empty: all).", string("Vendor.", enum=VENDORS), len(VENDORS), "set"),
+                    "nodeSelector": string_map("Labels every node used must carry.", 32),
+                    "tolerations": tolerations_schema(),
+                },
+                default={},
+            ),
+            "resources": obj(
+                "Per replica.",
+                {
+                    "gpusPerReplica": integer("GPUs per replica (ignored on cpu pools).", d_res("gpus_per_replica"), BOUNDS["gpus_per_replica"]),
+                    "cpu": string("CPU request, a Kubernetes quantity.", d_res("cpu"), pattern=QUANTITY_PATTERN),
+                    "memory": string("Memory request and limit, a Kubernetes quantity.", d_res("memory"), pattern=QUANTITY_PATTERN),
+                },
+                default={},
+            ),
+        },
+        required=("model",),
+        rules=[
+            rule("self.engine.tensorParallelSize == self.resources.gpusPerReplica",
+                 "engine.tensorParallelSize must equal resources.gpusPerReplica: a replica shards the model over exactly its own GPUs",
+                 messageExpression="'engine.tensorParallelSize (' + string(self.engine.tensorParallelSize) + ') must equal resources.gpusPerReplica (' + string(self.resources.gpusPerReplica) + '): a replica shards the model over exactly its own GPUs'",
+                 fieldPath=".engine.tensorParallelSize"),
+            rule("!has(self.pools) || self.pools.all(p, p.replicas <= self.replicas)",
+                 "each pools[].replicas must be at most replicas (the total across pools)", fieldPath=".pools"),
+        ],  # fmt: skip
+    )
+    pool_entry = obj(
+        "One pool serving (or meant to serve) this service.",
+        {
+            **{k: string(v) for k, v in {
+                "name": "Pool name (vendor-product).", "vendor": "GPU vendor.", "product": "GPU product.", "architecture": "GPU architecture.",
+                "runtime": "Chosen InferenceRuntime.", "engine": "Planned engine: Compiled or Paged.", "choiceReason": "Why this runtime.",
+                "servingEngine": "What serves now: Compiled, Paged or None.", "servingRuntime": "InferenceRuntime serving now (paged).",
+                "engineBuild": "The EngineBuild this pool is built for.", "buildState": "Its state.",
+                "servingEngineBuild": "The EngineBuild whose engine serves now.", "reason": "CamelCase reason of the pool's state.",
+                "message": "Detail.",
+            }.items()},  # fmt: skip
+            "nodes": integer("Eligible nodes in the pool."),
+            "desiredReplicas": integer("Replicas planned for the pool."),
+            "readyReplicas": integer("Ready replicas of the pool's Deployment."),
+        },
+        required=("name",),
+    )
+    excluded = obj("A pool left out, and why.", {k: string(k) for k in ("name", "vendor", "product", "reason")}, required=("name",))
+    status = obj(
+        "Observed state; written by the operator.",
+        {
+            "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation the status was computed for."},
+            "conditions": array("Ready, EnginesBuilt, RolledOut, Degraded.", condition_schema(), 16, "map", ("type",)),
+            "endpoint": string("OpenAI-compatible base URL inside the cluster."),
+            "poolCount": integer("Pools chosen to serve."),
+            "runtimes": string("What serves now, e.g. Compiled=1,Paged=2."),
+            "replicas": integer("Replicas planned across pools."),
+            "readyReplicas": integer("Ready replicas across pools."),
+            "unplacedReplicas": integer("Replicas no pool has room for."),
+            "pools": array("One entry per chosen pool.", pool_entry, 256, "map", ("name",)),
+            "excludedPools": array("Pools left out, with reasons.", excluded, 256, "map", ("name",)),
+        },
+    )
+    columns = [
+        column("Ready", '.status.conditions[?(@.type=="Ready")].status'),
+        column("Pools", ".status.poolCount", "integer"),
+        column("Runtimes", ".status.runtimes"),
+        column("Endpoint", ".status.endpoint", description="", type_="string") | {"priority": 1},
+        AGE,
+    ]
+    root_rules = [rule("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                       "metadata.name must be a DNS label that starts with a letter (at most 63 characters): it names the Service")]  # fmt: skip
+    return crd("InferenceService", "inferenceservices", "infsvc", "Namespaced", spec, status, columns, root_rules)
+
+
+def inference_runtime() -> dict:
+    d = lambda name: default_of(api.InferenceRuntimeSpec, name)  # noqa: E731
+    spec = obj(
+        "One runtime image and where it can serve.",
+        {
+            "engine": string("Paged or Compiled.", enum=ENGINES),
+            "vendors": array("GPU vendors it serves on.", string("Vendor.", enum=VENDORS), len(VENDORS), "set", min_items=1),
+            "architectures": array("GPU architectures it serves on (empty: every architecture of the vendors), e.g. sm90, gfx942.", string("Architecture.", max_length=32), 64, "set"),
+            "image": string("Serving image (runs `inferfleet-runtime serve`).", max_length=512),
+            "compileImage": string("Compiled only: image that runs `inferfleet-runtime compile`.", max_length=512),
+            "gpuResource": string("Extended resource pods request (empty: the one the pool's nodes advertise).", pattern=RESOURCE_NAME_PATTERN, max_length=253),
+            "priority": integer("Higher wins among runtimes that fit a pool.", d("priority"), BOUNDS["priority"]),
+        },
+        required=("engine", "vendors", "image"),
+        rules=[
+            rule("self.engine != 'Compiled' || (has(self.compileImage) && self.compileImage != '')", "compileImage is required when engine is Compiled", fieldPath=".compileImage"),
+            rule("self.engine != 'Paged' || !has(self.compileImage) || self.compileImage == ''", "compileImage is only used by engine Compiled: remove it or set engine Compiled", fieldPath=".compileImage"),
+        ],  # fmt: skip
+    )
+    columns = [column("Engine", ".spec.engine"), column("Vendors", ".spec.vendors"), column("Priority", ".spec.priority", "integer"), AGE]
+    return crd("InferenceRuntime", "inferenceruntimes", "infrt", "Cluster", spec, obj("Unused.", {}), columns)
+
+
+def engine_build() -> dict:
+    d = lambda name: default_of(api.EngineBuildSpec, name)  # noqa: E731
+    fixed = "is immutable: an EngineBuild records one engine; a different engine is a different EngineBuild"
+    spec = obj(
+        "One compiled engine, named by its key. Written by the operator.",
+        {
+            "engineKey": string("Content hash of what determines the engine.", pattern=r"^[0-9a-f]{16}$", rules=[rule("self == oldSelf", f"engineKey {fixed}")]),
+            "modelUri": string("Model weights URI.", max_length=1024, rules=[rule("self == oldSelf", f"modelUri {fixed}"), rule(f"self.matches('{URI_PATTERN}')", "modelUri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///ABSOLUTE/PATH or s3://BUCKET/KEY")]),
+            "revision": string("Model revision.", max_length=128, rules=[rule("self == oldSelf", f"revision {fixed}")]),
+            "envelope": envelope_schema("The envelope the engine is compiled for.", rules=[rule("self == oldSelf", f"envelope {fixed}")]),
+            "vendor": string("Target vendor.", enum=VENDORS, rules=[rule("self == oldSelf", f"vendor {fixed}")]),
+            "architecture": string("Target GPU architecture.", max_length=32, rules=[rule("self == oldSelf", f"architecture {fixed}")]),
+            "image": string("Serving image that loads the engine.", max_length=512, rules=[rule("self == oldSelf", f"image {fixed}")]),
+            "compileImage": string("Image that compiles it.", max_length=512, rules=[rule("self == oldSelf", f"compileImage {fixed}")]),
+            "gpuResource": string("Extended resource the compile Job requests.", max_length=253),
+            "gpus": integer("GPUs the compile Job requests.", d("gpus"), (0, 16)),
+            "maxAttempts": integer("Compile Jobs tried before the build is Failed.", d("max_attempts"), BOUNDS["max_attempts"]),
+            "backoffSeconds": integer("Delay after the first failed attempt; doubles each attempt.", d("backoff_seconds"), BOUNDS["backoff_seconds"]),
+            "placement": obj(
+                "Where compile Jobs may run (mutable: nodes come and go).",
+                {"nodeNames": array("Nodes of the target architecture.", string("Node name.", max_length=253), 5000, "set"), "tolerations": tolerations_schema()},
+                default={},
+            ),
+        },
+        required=("engineKey", "modelUri", "revision", "envelope", "vendor", "architecture", "image", "compileImage"),
+    )
+    status = obj(
+        "Build progress; written by the operator.",
+        {
+            "state": string("Pending, Building, Ready or Failed.", enum=BUILD_STATES),
+            "attempts": integer("Compile Jobs created so far."),
+            "maxAttempts": integer("Attempts allowed."),
+            "currentJob": string("Job of the latest attempt."),
+            "progress": string("What the latest attempt is doing."),
+            "message": string("Detail."),
+            "failureReason": string("Why the latest attempt failed."),
+            "artifactPath": string("Engine directory in the engine cache."),
+            "artifactSizeBytes": {"type": "integer", "format": "int64", "description": "Engine size."},
+            "startTime": {"type": "string", "format": "date-time", "description": "When the successful attempt started."},
+            "completionTime": {"type": "string", "format": "date-time", "description": "When it finished."},
+            "durationSeconds": integer("Build duration."),
+            "nextAttemptTime": {"type": "string", "format": "date-time", "description": "When the next attempt may start (backoff)."},
+            "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation the status was computed for."},
+            "conditions": array("Built.", condition_schema(), 8, "map", ("type",)),
+        },
+    )
+    columns = [
+        column("State", ".status.state"),
+        column("Attempts", ".status.attempts", "integer"),
+        column("Arch", ".spec.architecture"),
+        column("Progress", ".status.progress") | {"priority": 1},
+        AGE,
+    ]
+    root_rules = [rule("self.metadata.name == self.spec.engineKey", "metadata.name must equal spec.engineKey")]
+    return crd("EngineBuild", "enginebuilds", "eb", "Namespaced", spec, status, columns, root_rules)
+
+
+FILES = {
+    "inferenceservices.yaml": inference_service,
+    "inferenceruntimes.yaml": inference_runtime,
+    "enginebuilds.yaml": engine_build,
+}
+HEADER = "# Generated by `python -m inferfleet_operator.crdgen crds/` from operator/inferfleet_operator/crdgen.py; do not edit.\n"
+
+
+def render(builder) -> str:
+    return HEADER + yaml.safe_dump(builder(), sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0] if argv else "crds")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, builder in FILES.items():
+        (out / name).write_text(render(builder))
+        print(f"Wrote {out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

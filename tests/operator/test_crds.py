@@ -1,0 +1,189 @@
+"""The CRDs: generated from the models, structural, and refusing bad specs with messages that name the field."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import yaml
+
+from crd_eval import CRDS, admit, compile_all, load_schema
+from inferfleet_operator import api, crdgen
+
+VALID = {
+    "apiVersion": "inferfleet.dev/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "llama", "namespace": "team-a"},
+    "spec": {"model": {"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B"}},
+}
+
+
+def svc(**spec_changes) -> dict:
+    obj = copy.deepcopy(VALID)
+    for dotted, value in spec_changes.items():
+        node = obj["spec"]
+        *parents, last = dotted.split("__")
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[last] = value
+    return obj
+
+
+@pytest.mark.parametrize("file_name", sorted(crdgen.FILES))
+def test_committed_crd_yaml_is_what_crdgen_generates(file_name):
+    assert (CRDS / file_name).read_text() == crdgen.render(crdgen.FILES[file_name]), "run: python -m inferfleet_operator.crdgen crds/"
+
+
+@pytest.mark.parametrize("file_name", sorted(crdgen.FILES))
+def test_every_cel_rule_and_message_expression_compiles(file_name):
+    assert compile_all(load_schema(file_name)) >= 1
+
+
+def _schema_fields(schema: dict) -> set[str]:
+    return set(schema.get("properties", {}))
+
+
+@pytest.mark.parametrize(
+    "cls, path",
+    [
+        (api.InferenceServiceSpec, ("inferenceservices.yaml", "spec")),
+        (api.ModelSpec, ("inferenceservices.yaml", "spec", "model")),
+        (api.EngineEnvelope, ("inferenceservices.yaml", "spec", "engine")),
+        (api.RuntimeSpec, ("inferenceservices.yaml", "spec", "runtime")),
+        (api.Placement, ("inferenceservices.yaml", "spec", "placement")),
+        (api.Resources, ("inferenceservices.yaml", "spec", "resources")),
+        (api.InferenceRuntimeSpec, ("inferenceruntimes.yaml", "spec")),
+        (api.EngineBuildSpec, ("enginebuilds.yaml", "spec")),
+        (api.EngineEnvelope, ("enginebuilds.yaml", "spec", "envelope")),
+        (api.BuildPlacement, ("enginebuilds.yaml", "spec", "placement")),
+    ],
+)
+def test_models_and_schema_have_the_same_fields_and_defaults(cls, path):
+    schema = load_schema(path[0])
+    for name in path[1:]:
+        schema = schema["properties"][name]
+    fields = {api.to_camel(f.name): f for f in dataclasses.fields(cls)}
+    assert set(fields) == _schema_fields(schema)
+    for camel, f in fields.items():
+        sub = schema["properties"][camel]
+        required = camel in (schema.get("required") or [])
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        assert required != has_default, f"{camel}: required in the schema iff the model has no default"
+        if "default" in sub and sub.get("type") != "object":
+            assert sub["default"] == api.default_of(cls, f.name), camel
+
+
+def test_a_minimal_service_is_admitted_with_every_default_filled():
+    stored, errors = admit(VALID, "inferenceservices.yaml")
+    assert errors == []
+    spec = stored["spec"]
+    assert spec["engine"] == {"maxContextLength": 4096, "maxBatchSize": 16, "dtype": "bfloat16", "tensorParallelSize": 1, "blockSize": 16}
+    assert spec["runtime"] == {"policy": "Auto", "fallback": "Paged", "bridge": True}
+    assert spec["resources"]["gpusPerReplica"] == 1 and spec["replicas"] == 1
+    # The defaulted object parses to the same model as the bare one: defaults live in one place.
+    assert api.parse_service(stored).spec == api.parse_service(VALID).spec
+
+
+REFUSED = [
+    (svc(model__uri="http://example.com/model"), "model.uri must be pvc://"),
+    (svc(model__uri="pvc://Claim_With_Caps/x"), "model.uri must be pvc://"),
+    (svc(model__uri="hf://only-org"), "model.uri must be pvc://"),
+    (svc(engine__tensorParallelSize=2), "engine.tensorParallelSize must equal resources.gpusPerReplica"),
+    (svc(runtime__policy="Paged", runtime__fallback="None"), "runtime.fallback None has no effect with runtime.policy Paged"),
+    (svc(replicas=2, pools=[{"name": "nvidia-h100", "replicas": 3}]), "pools[].replicas must be at most replicas"),
+    (svc(placement__tolerations=[{"key": "gpu", "operator": "Exists", "value": "x"}]), "value must be empty when operator is Exists"),
+]
+
+
+@pytest.mark.parametrize("obj, message", REFUSED)
+def test_invalid_service_is_refused_with_a_message_naming_the_field(obj, message):
+    _, errors = admit(obj, "inferenceservices.yaml")
+    assert any(message in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "obj, path",
+    [
+        (svc(engine__dtype="int3"), ".spec.engine.dtype"),
+        (svc(engine__blockSize=12), ".spec.engine.blockSize"),
+        (svc(engine__maxContextLength=10), ".spec.engine.maxContextLength"),
+        (svc(engine__maxBatchSize=0), ".spec.engine.maxBatchSize"),
+        (svc(runtime__policy="Fastest"), ".spec.runtime.policy"),
+        (svc(placement__vendors=["nvidia", "acme"]), ".spec.placement.vendors[1]"),
+        (svc(resources__memory="lots"), ".spec.resources.memory"),
+    ],
+)
+def test_out_of_envelope_values_are_refused_by_the_schema(obj, path):
+    _, errors = admit(obj, "inferenceservices.yaml")
+    assert any(e.startswith(path) for e in errors), errors
+
+
+def test_service_name_must_be_a_dns_label_starting_with_a_letter():
+    obj = copy.deepcopy(VALID)
+    obj["metadata"]["name"] = "9lives"
+    _, errors = admit(obj, "inferenceservices.yaml")
+    assert any("metadata.name must be a DNS label" in e for e in errors)
+
+
+def test_consistent_parallelism_and_a_valid_pvc_uri_are_admitted():
+    obj = svc(engine__tensorParallelSize=4, resources__gpusPerReplica=4, model__uri="pvc://models/llama/8b")
+    assert admit(obj, "inferenceservices.yaml")[1] == []
+
+
+def test_model_name_cannot_change_but_the_envelope_can():
+    renamed = svc(model__name="other")
+    _, errors = admit(renamed, "inferenceservices.yaml", old=VALID)
+    assert any("model.name is immutable" in e for e in errors)
+    bigger = svc(engine__maxContextLength=8192)
+    assert admit(bigger, "inferenceservices.yaml", old=VALID)[1] == []
+
+
+def _build(**spec) -> dict:
+    base = {
+        "engineKey": "0123456789abcdef", "modelUri": "hf://org/m", "revision": "main", "envelope": {},
+        "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1",
+    }  # fmt: skip
+    return {"metadata": {"name": "0123456789abcdef"}, "spec": base | spec}
+
+
+def test_engine_build_spec_is_immutable_except_placement():
+    old = _build()
+    _, errors = admit(_build(architecture="sm80"), "enginebuilds.yaml", old=old)
+    assert any("architecture is immutable" in e for e in errors)
+    _, errors = admit(_build(envelope={"maxBatchSize": 64}), "enginebuilds.yaml", old=old)
+    assert any("envelope is immutable" in e for e in errors)
+    assert admit(_build(placement={"nodeNames": ["n1"]}), "enginebuilds.yaml", old=old)[1] == []
+
+
+def test_engine_build_name_must_be_its_key():
+    obj = _build()
+    obj["metadata"]["name"] = "something-else"
+    assert any("metadata.name must equal spec.engineKey" in e for e in admit(obj, "enginebuilds.yaml")[1])
+
+
+def test_compiled_runtime_needs_a_compile_image_and_paged_refuses_one():
+    compiled = {"metadata": {"name": "trt"}, "spec": {"engine": "Compiled", "vendors": ["nvidia"], "image": "r:1"}}
+    assert any("compileImage is required" in e for e in admit(compiled, "inferenceruntimes.yaml")[1])
+    paged = {"metadata": {"name": "p"}, "spec": {"engine": "Paged", "vendors": ["amd"], "image": "r:1", "compileImage": "c:1"}}
+    assert any("compileImage is only used by engine Compiled" in e for e in admit(paged, "inferenceruntimes.yaml")[1])
+    empty_vendors = {"metadata": {"name": "p"}, "spec": {"engine": "Paged", "vendors": [], "image": "r:1"}}
+    assert any(e.startswith(".spec.vendors") for e in admit(empty_vendors, "inferenceruntimes.yaml")[1])
+    good = {"metadata": {"name": "p"}, "spec": {"engine": "Paged", "vendors": ["amd"], "image": "r:1"}}
+    assert admit(good, "inferenceruntimes.yaml")[1] == []
+
+
+@pytest.mark.parametrize(
+    "file_name, short, scope, columns",
+    [
+        ("inferenceservices.yaml", "infsvc", "Namespaced", ["Ready", "Pools", "Runtimes", "Endpoint", "Age"]),
+        ("inferenceruntimes.yaml", "infrt", "Cluster", ["Engine", "Vendors", "Priority", "Age"]),
+        ("enginebuilds.yaml", "eb", "Namespaced", ["State", "Attempts", "Arch", "Progress", "Age"]),
+    ],
+)
+def test_crds_have_short_names_scope_status_subresource_and_printer_columns(file_name, short, scope, columns):
+    crd = yaml.safe_load((CRDS / file_name).read_text())
+    version = crd["spec"]["versions"][0]
+    assert crd["spec"]["names"]["shortNames"] == [short] and crd["spec"]["scope"] == scope
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == columns
