@@ -1,0 +1,43 @@
+"""engine_key: canonical (field order and defaulting do not change it), and every input that matters changes it."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inferfleet_operator.api import EngineEnvelope
+from inferfleet_operator.engine_key import KEY_LENGTH, engine_key
+
+ARGS = ("hf://org/model", "main", {}, "sm90", "compile=c:1;serve=r:1")
+
+
+def test_key_is_short_lowercase_hex():
+    key = engine_key(*ARGS)
+    assert len(key) == KEY_LENGTH and all(ch in "0123456789abcdef" for ch in key)
+
+
+def test_spelled_out_defaults_give_the_same_key_as_none():
+    explicit = {"maxContextLength": 4096, "maxBatchSize": 16, "dtype": "bfloat16", "tensorParallelSize": 1, "blockSize": 16}
+    assert engine_key("hf://org/model", "main", explicit, "sm90", ARGS[4]) == engine_key(*ARGS)
+    assert engine_key("hf://org/model", "main", EngineEnvelope(), "sm90", ARGS[4]) == engine_key(*ARGS)
+
+
+@given(st.permutations(["maxContextLength", "maxBatchSize", "dtype", "tensorParallelSize", "blockSize"]))
+def test_field_order_does_not_change_the_key(order):
+    values = {"maxContextLength": 8192, "maxBatchSize": 32, "dtype": "float16", "tensorParallelSize": 2, "blockSize": 32}
+    reordered = {k: values[k] for k in order}
+    assert engine_key("hf://o/m", "v1", reordered, "sm90", "x") == engine_key("hf://o/m", "v1", values, "sm90", "x")
+
+
+def test_each_input_changes_the_key():
+    base = engine_key(*ARGS)
+    variants = [
+        ("hf://org/other", "main", {}, "sm90", ARGS[4]),
+        ("hf://org/model", "v2", {}, "sm90", ARGS[4]),
+        ("hf://org/model", "main", {"maxContextLength": 8192}, "sm90", ARGS[4]),
+        ("hf://org/model", "main", {"dtype": "float16"}, "sm90", ARGS[4]),
+        ("hf://org/model", "main", {}, "sm80", ARGS[4]),
+        ("hf://org/model", "main", {}, "sm90", "compile=c:2;serve=r:1"),
+    ]
+    keys = {engine_key(*v) for v in variants}
+    assert base not in keys and len(keys) == len(variants)
