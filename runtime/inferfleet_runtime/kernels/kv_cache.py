@@ -5,7 +5,7 @@ Math: for token t with slot s = slot_mapping[t] = block_id * block_size + offset
 Layouts: key, value [T, Hkv, D] (last dim contiguous, token/head strides free);
 key_cache, value_cache [num_blocks, block_size, Hkv, D] contiguous; slot_mapping [T] int64.
 Slot offsets are computed in int64, so caches past 2**31 elements are addressed correctly.
-Memory traffic: reads 2*T*Hkv*D elements and writes as many. Grid: one program per (token, kv head).
+Memory traffic: reads 2*T*Hkv*D elements and writes as many. Grid: one program per token.
 """
 
 from __future__ import annotations
@@ -31,16 +31,17 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 def _write_kv_kernel(
     key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
     stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-    num_kv_heads, HEAD_DIM: constexpr, BLOCK_D: constexpr,
+    NUM_KV_HEADS: constexpr, HEAD_DIM: constexpr, BLOCK_H: constexpr, BLOCK_D: constexpr,
 ):
+    # One program per token: its [Hkv, D] key and value rows land in one contiguous cache slot.
     token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
-    offs = tl.arange(0, BLOCK_D)
-    mask = offs < HEAD_DIM
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (h < NUM_KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    dst = (slot * num_kv_heads + head) * HEAD_DIM + offs
-    k = tl.load(key_ptr + token * stride_key_token + head * stride_key_head + offs, mask=mask)
-    v = tl.load(value_ptr + token * stride_value_token + head * stride_value_head + offs, mask=mask)
+    dst = slot * (NUM_KV_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
+    k = tl.load(key_ptr + token * stride_key_token + h[:, None] * stride_key_head + d[None, :], mask=mask)
+    v = tl.load(value_ptr + token * stride_value_token + h[:, None] * stride_value_head + d[None, :], mask=mask)
     tl.store(key_cache_ptr + dst, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(value_cache_ptr + dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -63,8 +64,10 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping):
     check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
     if num_tokens == 0:
         return
-    _write_kv_kernel.on(key.device)[(num_tokens, num_kv_heads)](
+    _write_kv_kernel.on(key.device)[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping.contiguous(),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=next_power_of_2(num_kv_heads), BLOCK_D=next_power_of_2(head_dim),
+        num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
     )

@@ -80,5 +80,6 @@ def rms_norm(x, weight, eps, residual=None):
         x.stride(0), residual.stride(0), out.stride(0), residual_out.stride(0),
         hidden_size, float(eps),
         HAS_RESIDUAL=residual_out is not x, BLOCK_H=next_power_of_2(hidden_size),
+        num_warps=min(8, max(1, next_power_of_2(hidden_size) // 1024)),
     )
     return out, residual_out

@@ -10,7 +10,7 @@ Layouts: query [T, Hq, D], key [T, Hkv, D] (last dim contiguous; token and head 
 view into a fused qkv projection works); positions [T] int64; cos_sin_cache [max_pos, D] float32.
 Outputs are new contiguous tensors of the same shapes; inputs are not modified.
 Memory traffic: reads and writes T*(Hq+Hkv)*D elements, reads T*D cache floats.
-Grid: one program per (token, head), heads of query and key in one launch.
+Grid: one program per token, covering all its query and key heads.
 """
 
 from __future__ import annotations
@@ -40,29 +40,37 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 @triton_kernel
 def _rotary_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, positions_ptr, cache_ptr,
-    stride_q_token, stride_q_head, stride_k_token, stride_k_head,
-    stride_cache, num_q_heads, num_k_heads,
-    HALF: constexpr, BLOCK_HALF: constexpr,
+    stride_q_token, stride_q_head, stride_k_token, stride_k_head, stride_cache,
+    NUM_Q_HEADS: constexpr, NUM_K_HEADS: constexpr, HALF: constexpr,
+    BLOCK_HQ: constexpr, BLOCK_HK: constexpr, BLOCK_HALF: constexpr,
 ):
+    # One program per token: all its query heads as one [BLOCK_HQ, HALF] tile pair, then all key heads.
     token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
     offs = tl.arange(0, BLOCK_HALF)
-    mask = offs < HALF
-    pos = tl.load(positions_ptr + token)
-    cos = tl.load(cache_ptr + pos * stride_cache + offs, mask=mask, other=0.0)
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs, mask=mask, other=0.0)
-    if head < num_q_heads:
-        src = q_ptr + token * stride_q_token + head * stride_q_head
-        dst = q_out_ptr + (token * num_q_heads + head) * (2 * HALF)
-    else:
-        src = k_ptr + token * stride_k_token + (head - num_q_heads) * stride_k_head
-        dst = k_out_ptr + (token * num_k_heads + head - num_q_heads) * (2 * HALF)
-    x1 = tl.load(src + offs, mask=mask, other=0.0)
-    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+    d_valid = offs < HALF
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cos = tl.load(cache_ptr + pos * stride_cache + offs, mask=d_valid, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs, mask=d_valid, other=0.0)[None, :]
+
+    hq = tl.arange(0, BLOCK_HQ)
+    mask = (hq < NUM_Q_HEADS)[:, None] & d_valid[None, :]
+    src = q_ptr + token * stride_q_token + hq[:, None] * stride_q_head + offs[None, :]
+    dst = q_out_ptr + (token * NUM_Q_HEADS + hq[:, None]) * (2 * HALF) + offs[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0)
     a = x1.to(tl.float32)
-    b = x2.to(tl.float32)
-    tl.store(dst + offs, (a * cos - b * sin).to(x1.dtype), mask=mask)
-    tl.store(dst + HALF + offs, (b * cos + a * sin).to(x1.dtype), mask=mask)
+    b = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst, (a * cos - b * sin).to(x1.dtype), mask=mask)
+    tl.store(dst + HALF, (b * cos + a * sin).to(x1.dtype), mask=mask)
+
+    hk = tl.arange(0, BLOCK_HK)
+    mask = (hk < NUM_K_HEADS)[:, None] & d_valid[None, :]
+    src = k_ptr + token * stride_k_token + hk[:, None] * stride_k_head + offs[None, :]
+    dst = k_out_ptr + (token * NUM_K_HEADS + hk[:, None]) * (2 * HALF) + offs[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0)
+    a = x1.to(tl.float32)
+    b = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst, (a * cos - b * sin).to(x1.dtype), mask=mask)
+    tl.store(dst + HALF, (b * cos + a * sin).to(x1.dtype), mask=mask)
 
 
 def rotary(query, key, positions, cos_sin_cache):
@@ -89,10 +97,11 @@ def rotary(query, key, positions, cos_sin_cache):
         return q_out, k_out
     num_k_heads = key.shape[1]
     half = head_dim // 2
-    _rotary_kernel.on(query.device)[(num_tokens, num_q_heads + num_k_heads)](
+    _rotary_kernel.on(query.device)[(num_tokens,)](
         query, key, q_out, k_out, positions, cos_sin_cache,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-        cos_sin_cache.stride(0), num_q_heads, num_k_heads,
-        HALF=half, BLOCK_HALF=next_power_of_2(half),
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos_sin_cache.stride(0),
+        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HALF=half,
+        BLOCK_HQ=next_power_of_2(num_q_heads), BLOCK_HK=next_power_of_2(num_k_heads),
+        BLOCK_HALF=next_power_of_2(half), num_warps=4 if num_q_heads * half >= 1024 else 1,
     )
     return q_out, k_out
