@@ -1,0 +1,223 @@
+"""plan_service: pools × runtimes × builds × Deployments -> desired builds, children, status and events."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from crd_eval import admit, load_schema, schema_errors
+from planning_data import NOW, RUNTIMES, cpu, deployment_as_read, h100, mi300x, service, with_state
+from inferfleet_operator.api import PlanSettings, SpecError
+from inferfleet_operator.planner import ENGINE_KEY_ANNOTATION, plan_service
+
+NODES = [h100("h1"), h100("h2"), mi300x("m1"), cpu("c1")]
+NV = "llama-nvidia-h100-80gb-hbm3"
+
+
+def plan(svc=None, builds=None, deployments=None, nodes=NODES, now=NOW, **kw):
+    return plan_service(svc or service(), nodes, RUNTIMES, builds or {}, deployments or {}, now, **kw)
+
+
+def kinds(p) -> dict[str, dict]:
+    return {f"{c['kind']}/{c['metadata']['name']}": c for c in p.children}
+
+
+def pool(p, name: str) -> dict:
+    return next(e for e in p.status["pools"] if e["name"] == name)
+
+
+def cond(p, type_: str) -> dict:
+    return next(c for c in p.status["conditions"] if c["type"] == type_)
+
+
+def args(deployment: dict) -> list[str]:
+    return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def key_of(p) -> str:
+    return pool(p, "nvidia-h100-80gb-hbm3")["engineBuild"]
+
+
+def test_first_plan_builds_an_engine_and_bridges_the_nvidia_pool_with_paged():
+    p = plan(service(replicas=4))
+    children = kinds(p)
+    assert set(children) == {
+        f"Deployment/{NV}", "Deployment/llama-amd-mi300x", "Deployment/llama-cpu-amd64", "Service/llama", "PodDisruptionBudget/llama",
+    }
+    nv = children[f"Deployment/{NV}"]
+    assert args(nv)[:2] == ["serve", "--model"] and nv["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == ""
+    entry = pool(p, "nvidia-h100-80gb-hbm3")
+    assert (entry["engine"], entry["servingEngine"], entry["reason"], entry["buildState"]) == ("Compiled", "Paged", "BridgingWithPaged", "Pending")
+    (build,) = p.engine_builds
+    assert build["kind"] == "EngineBuild" and build["metadata"]["name"] == entry["engineBuild"]
+    assert build["spec"]["architecture"] == "sm90" and build["spec"]["placement"]["nodeNames"] == ["h1", "h2"]
+    assert build["metadata"]["labels"]["ref.inferfleet.dev/llama"] == "true"
+    assert cond(p, "EnginesBuilt")["status"] == "False" and cond(p, "RolledOut")["status"] == "False"
+
+
+def test_children_are_owned_by_the_service_and_builds_are_not():
+    p = plan()
+    for child in p.children:
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("InferenceService", "llama", "uid-llama", True)
+    assert "ownerReferences" not in p.engine_builds[0]["metadata"]
+
+
+def test_ready_build_switches_the_pool_to_its_compiled_engine():
+    first = plan()
+    key = key_of(first)
+    p = plan(builds={key: with_state(first.engine_builds[0], "Ready")})
+    nv = kinds(p)[f"Deployment/{NV}"]
+    assert args(nv)[:4] == ["serve", "--engine-dir", f"/engines/{key}", "--engine"]
+    assert nv["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == key
+    volumes = {v["name"]: v for v in nv["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["engines"]["persistentVolumeClaim"] == {"claimName": "inferfleet-engine-cache", "readOnly": True}
+    assert pool(p, "nvidia-h100-80gb-hbm3")["reason"] == "ServingCompiled"
+    assert cond(p, "EnginesBuilt")["reason"] == "EnginesReady"
+
+
+def test_engine_cache_claim_comes_from_operator_settings():
+    first = plan()
+    p = plan(builds={key_of(first): with_state(first.engine_builds[0], "Ready")}, settings=PlanSettings(engine_cache_claim="fast-cache"))
+    volumes = {v["name"]: v for v in kinds(p)[f"Deployment/{NV}"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["engines"]["persistentVolumeClaim"]["claimName"] == "fast-cache"
+
+
+def test_without_bridge_the_pool_waits_with_no_deployment():
+    p = plan(service(runtime={"bridge": False}))
+    assert f"Deployment/{NV}" not in kinds(p)
+    entry = pool(p, "nvidia-h100-80gb-hbm3")
+    assert entry["reason"] == "WaitingForEngineBuild" and entry["servingEngine"] == "None" and entry["desiredReplicas"] == 1
+
+
+def test_failed_build_falls_back_to_paged_and_degrades():
+    first = plan()
+    p = plan(builds={key_of(first): with_state(first.engine_builds[0], "Failed")})
+    assert args(kinds(p)[f"Deployment/{NV}"])[:2] == ["serve", "--model"]
+    assert pool(p, "nvidia-h100-80gb-hbm3")["reason"] == "FallbackToPaged"
+    degraded = cond(p, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "BuildFailed") and "nvidia-h100-80gb-hbm3" in degraded["message"]
+    assert any(e.type == "Warning" and e.reason == "FallbackToPaged" for e in p.events)
+
+
+def test_failed_build_without_fallback_serves_nothing_in_that_pool():
+    svc = service(runtime={"fallback": "None"})
+    first = plan(svc)
+    p = plan(svc, builds={key_of(first): with_state(first.engine_builds[0], "Failed")})
+    assert f"Deployment/{NV}" not in kinds(p) and "Deployment/llama-amd-mi300x" in kinds(p)
+    assert pool(p, "nvidia-h100-80gb-hbm3")["reason"] == "BuildFailedNoFallback"
+    assert (cond(p, "Degraded")["status"], cond(p, "Degraded")["reason"]) == ("True", "BuildFailedNoFallback")
+
+
+def test_envelope_change_keeps_the_old_engine_serving_until_the_new_build_is_ready():
+    old_plan = plan()
+    old_key = key_of(old_plan)
+    builds = {old_key: with_state(old_plan.engine_builds[0], "Ready")}
+    serving = plan(builds=builds)
+    deployments = {NV: deployment_as_read(kinds(serving)[f"Deployment/{NV}"], ready=1)}
+
+    changed = service(engine={"maxContextLength": 8192}, generation=2)
+    during = plan(changed, builds=builds, deployments=deployments)
+    new_key = key_of(during)
+    assert new_key != old_key
+    assert sorted(b["metadata"]["name"] for b in during.engine_builds) == sorted([old_key, new_key])
+    nv = kinds(during)[f"Deployment/{NV}"]
+    assert nv["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == old_key
+    entry = pool(during, "nvidia-h100-80gb-hbm3")
+    assert (entry["reason"], entry["servingEngineBuild"], entry["engineBuild"]) == ("ServingPreviousEngine", old_key, new_key)
+
+    new_build = next(b for b in during.engine_builds if b["metadata"]["name"] == new_key)
+    failed = plan(changed, builds=builds | {new_key: with_state(new_build, "Failed")}, deployments=deployments)
+    assert kinds(failed)[f"Deployment/{NV}"]["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == old_key
+    assert cond(failed, "Degraded")["status"] == "True"
+
+    after = plan(changed, builds=builds | {new_key: with_state(new_build, "Ready")}, deployments=deployments)
+    assert kinds(after)[f"Deployment/{NV}"]["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == new_key
+    assert [b["metadata"]["name"] for b in after.engine_builds] == [new_key]
+
+
+def test_resync_with_unchanged_inputs_gives_the_same_status_and_no_events():
+    first = plan()
+    again = plan(service(status=first.status), now=NOW + timedelta(hours=1))
+    assert again.status == first.status and again.events == [] and again.children == first.children
+
+
+def test_last_transition_time_moves_only_for_conditions_that_flip():
+    first = plan()
+    later = NOW + timedelta(minutes=5)
+    ready_deps = {c["metadata"]["name"]: deployment_as_read(c, ready=c["spec"]["replicas"]) for c in first.children if c["kind"] == "Deployment"}
+    p = plan(service(status=first.status), deployments=ready_deps, now=later)
+    assert cond(p, "Ready")["status"] == "True" and cond(p, "Ready")["lastTransitionTime"] == "2026-01-01T12:05:00Z"
+    assert cond(p, "Degraded")["lastTransitionTime"] == "2026-01-01T12:00:00Z"
+    assert any(e.reason == "AllPoolsReady" for e in p.events)
+
+
+def test_conditions_carry_the_observed_generation():
+    p = plan(service(generation=7))
+    assert p.status["observedGeneration"] == 7 and all(c["observedGeneration"] == 7 for c in p.status["conditions"])
+
+
+def test_a_pool_whose_nodes_left_gets_no_deployment():
+    p = plan(nodes=[h100("h1"), cpu("c1")])
+    assert "Deployment/llama-amd-mi300x" not in kinds(p)
+    assert [e["name"] for e in p.status["pools"]] == ["cpu-amd64", "nvidia-h100-80gb-hbm3"]
+
+
+def test_node_selector_and_untolerated_taints_exclude_pools_with_reasons():
+    taint = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    nodes = [h100("h1", taints=taint), mi300x("m1"), cpu("c1")]
+    p = plan(service(placement={"nodeSelector": {"kubernetes.io/arch": "amd64"}}), nodes=nodes)
+    reasons = {x["name"]: x["reason"] for x in p.status["excludedPools"]}
+    assert "taint nvidia.com/gpu=present:NoSchedule not in placement.tolerations" in reasons["nvidia-h100-80gb-hbm3"]
+    tolerated = plan(service(replicas=3, placement={"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}), nodes=nodes)
+    assert "nvidia-h100-80gb-hbm3" in [e["name"] for e in tolerated.status["pools"]]
+    nv = kinds(tolerated)[f"Deployment/{NV}"]
+    assert nv["spec"]["template"]["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    selected = plan(service(placement={"nodeSelector": {"zone": "b"}}))
+    assert selected.status["pools"] == [] and cond(selected, "Ready")["reason"] == "NoEligiblePools"
+    assert "label zone=b (placement.nodeSelector) missing" in cond(selected, "Ready")["message"]
+
+
+def test_per_pool_overrides_are_honoured():
+    p = plan(service(replicas=5, pools=[{"name": "cpu-amd64", "replicas": 0}, {"name": "amd-mi300x", "replicas": 1}]))
+    desired = {e["name"]: e["desiredReplicas"] for e in p.status["pools"]}
+    assert desired == {"amd-mi300x": 1, "cpu-amd64": 0, "nvidia-h100-80gb-hbm3": 4}
+    assert "Deployment/llama-cpu-amd64" not in kinds(p)
+
+
+def test_replicas_beyond_capacity_degrade_the_service():
+    p = plan(service(replicas=30, resources={"gpusPerReplica": 8}, engine={"tensorParallelSize": 8}), nodes=[h100("h1")])
+    assert p.status["unplacedReplicas"] == 29 and cond(p, "Degraded")["reason"] == "InsufficientCapacity"
+
+
+def test_gpu_resource_and_count_are_in_the_container_limits():
+    p = plan(service(replicas=6, resources={"gpusPerReplica": 2}, engine={"tensorParallelSize": 2}))
+    limits = {n: c["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] for n, c in kinds(p).items() if n.startswith("Deployment/")}
+    assert limits[f"Deployment/{NV}"]["nvidia.com/gpu"] == "2"
+    assert limits["Deployment/llama-amd-mi300x"]["amd.com/gpu"] == "2"
+    assert set(limits["Deployment/llama-cpu-amd64"]) == {"memory"}
+
+
+def test_services_with_the_same_model_and_envelope_share_one_build_and_merge_references():
+    a = plan(service("alpha"))
+    b_first = plan(service("beta"))
+    assert key_of(a) == key_of(b_first)
+    existing = with_state(a.engine_builds[0], "Building")
+    b = plan(service("beta"), builds={key_of(a): existing})
+    labels = b.engine_builds[0]["metadata"]["labels"]
+    assert labels["ref.inferfleet.dev/alpha"] == "true" and labels["ref.inferfleet.dev/beta"] == "true"
+
+
+def test_status_and_builds_fit_the_crd_schemas():
+    first = plan(service(replicas=3))
+    p = plan(builds={key_of(first): with_state(first.engine_builds[0], "Failed")})
+    status_schema = load_schema("inferenceservices.yaml")["properties"]["status"]
+    assert schema_errors(p.status, status_schema) == []
+    for build in p.engine_builds:
+        assert admit(build, "enginebuilds.yaml")[1] == []
+
+
+def test_a_spec_the_crd_would_refuse_raises_spec_error():
+    with pytest.raises(SpecError, match="tensorParallelSize"):
+        plan(service(engine={"tensorParallelSize": 4}))
