@@ -1,0 +1,104 @@
+"""LLMEngine on the built-in model: prefix-cache hits, preemption, chunking and aborts never change outputs."""
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from inferfleet_runtime.engine import LLMEngine
+from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.loader import load_model
+from inferfleet_runtime.model_runner import ModelRunner
+from inferfleet_runtime.sampling import SamplingParams
+
+# Prompts sharing prefixes of several blocks (block size 4 below), so prefix caching has something to hit.
+PROMPTS = [
+    "Beautiful is better than",
+    "Beautiful is better than ugly.\nExplicit is",
+    "Simple is better than",
+    "Simple is better than complex.\nComplex is better than",
+    "Errors should never pass silently.\n",
+    "Now is better than never.\nAlthough never is often better than",
+]
+SAMPLING = [
+    SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+    SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=10, ignore_eos=True),
+    SamplingParams(temperature=0.8, top_k=20, seed=3, max_tokens=8, frequency_penalty=0.5),
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(demo_model_dir):
+    return load_model(demo_model_dir, kernels="reference")
+
+
+def make_engine(loaded, **config) -> LLMEngine:
+    config = EngineConfig(block_size=4, **config)
+    return LLMEngine(ModelRunner(loaded, config), config)
+
+
+@pytest.fixture(scope="module")
+def reference(loaded):
+    """Each (prompt, sampling) generated alone, with room to spare and no prefix caching."""
+    @functools.cache
+    def generate(prompt_index: int, sampling_index: int) -> tuple[list[int], str]:
+        engine = make_engine(loaded, num_kv_blocks=256, enable_prefix_caching=False)
+        [out] = engine.generate([PROMPTS[prompt_index]], SAMPLING[sampling_index])
+        return out.outputs[0].token_ids, out.outputs[0].text
+    return generate
+
+
+def test_prefix_cache_hits_on_a_repeated_prompt(loaded, reference):
+    engine = make_engine(loaded, num_kv_blocks=64)
+    first = engine.generate([PROMPTS[3]], SAMPLING[0])[0]
+    second = engine.generate([PROMPTS[3]], SAMPLING[0])[0]
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens >= 8
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids == reference(3, 0)[0]
+
+
+@pytest.mark.slow
+def test_preemption_happens_and_outputs_match(loaded, reference):
+    engine = make_engine(loaded, num_kv_blocks=14, enable_prefix_caching=False)
+    outs = engine.generate(PROMPTS, SAMPLING[0])
+    assert engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in outs] == [reference(i, 0)[0] for i in range(len(PROMPTS))]
+
+
+requests = st.lists(st.tuples(st.integers(0, len(PROMPTS) - 1), st.integers(0, len(SAMPLING) - 1),
+                              st.one_of(st.none(), st.integers(0, 12))),      # step at which it is aborted
+                    min_size=1, max_size=6)
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=requests, num_kv_blocks=st.integers(12, 40), budget=st.sampled_from([3, 8, 64]),
+       caching=st.booleans(), max_num_seqs=st.integers(1, 6))
+def test_outputs_equal_the_unbatched_reference_under_any_schedule(loaded, reference, reqs, num_kv_blocks, budget,
+                                                                   caching, max_num_seqs):
+    engine = make_engine(loaded, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=budget,
+                         enable_prefix_caching=caching, max_num_seqs=max_num_seqs)
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    for i, (p, s, _) in enumerate(reqs):
+        engine.add_request(f"r{i}", PROMPTS[p], SAMPLING[s])
+        tokens[f"r{i}"] = []
+    step = 0
+    while engine.has_unfinished_requests():
+        for i, (_, _, abort_at) in enumerate(reqs):
+            if abort_at == step and engine.abort_request(f"r{i}"):
+                reasons[f"r{i}"] = "abort"
+        for out in engine.step():
+            for delta in out.outputs:
+                tokens[out.request_id] += delta.token_ids
+                if delta.finish_reason:
+                    reasons[out.request_id] = delta.finish_reason
+        step += 1
+        assert step < 2_000
+    for i, (p, s, _) in enumerate(reqs):
+        want = reference(p, s)[0]
+        if reasons[f"r{i}"] == "abort":
+            assert tokens[f"r{i}"] == want[:len(tokens[f"r{i}"])]
+        else:
+            assert tokens[f"r{i}"] == want
+    assert engine.block_manager.num_used_blocks == 0
+    assert all(engine.block_manager.ref_count(b) == 0 for b in range(num_kv_blocks))
