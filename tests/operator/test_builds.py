@@ -1,0 +1,151 @@
+"""plan_build: one Job per attempt, bounded retries with exponential backoff, failure reasons; plan_gc by reference."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+
+from crd_eval import load_schema, schema_errors
+from planning_data import NOW
+from inferfleet_operator.api import PlanSettings
+from inferfleet_operator.builds import UNREFERENCED_ANNOTATION, backoff_seconds, plan_build, plan_gc
+
+KEY = "0123456789abcdef"
+
+
+def build(status=None, **spec) -> dict:
+    base = {
+        "engineKey": KEY, "modelUri": "hf://org/m", "revision": "main", "envelope": {"maxContextLength": 2048},
+        "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1", "gpuResource": "nvidia.com/gpu",
+        "gpus": 1, "maxAttempts": 3, "backoffSeconds": 10, "placement": {"nodeNames": ["h1", "h2"]},
+    }  # fmt: skip
+    return {"metadata": {"name": KEY, "namespace": "team-a", "uid": "uid-b", "generation": 1}, "spec": base | spec, "status": status or {}}
+
+
+def t(seconds: float) -> str:
+    return (NOW + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job(attempt: int, outcome: str, at: float = 0) -> dict:
+    status = {"startTime": t(at - 60)}
+    if outcome == "failed":
+        status |= {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": t(at)}]}
+    elif outcome == "succeeded":
+        status |= {"succeeded": 1, "completionTime": t(at), "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": t(at)}]}
+    else:
+        status |= {"active": 1}
+    name = f"{KEY}-{attempt}"
+    return {"metadata": {"name": name, "annotations": {"inferfleet.dev/attempt": str(attempt)}}, "status": status}
+
+
+def pod(job_name: str, exit_code: int, message: str) -> dict:
+    return {
+        "metadata": {"name": job_name + "-x", "labels": {"batch.kubernetes.io/job-name": job_name}},
+        "status": {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [
+            {"name": "compile", "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "message": message}}}]},
+    }  # fmt: skip
+
+
+def test_first_reconcile_creates_attempt_one():
+    p = plan_build(build(), [], NOW)
+    assert p.job["metadata"]["name"] == f"{KEY}-1"
+    assert p.job["spec"]["backoffLimit"] == 0
+    assert p.job["metadata"]["ownerReferences"][0]["kind"] == "EngineBuild"
+    assert (p.status["state"], p.status["attempts"], p.status["currentJob"]) == ("Pending", 1, f"{KEY}-1")
+    assert [e.reason for e in p.events] == ["JobCreated"]
+
+
+def test_compile_job_runs_the_compile_contract_on_the_target_nodes():
+    spec = plan_build(build(), [], NOW).job["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["image"] == "c:1" and container["command"] == ["inferfleet-runtime"]
+    assert container["args"][:7] == ["compile", "--model", "/models/model", "--out", f"/engines/{KEY}", "--backend", "tensorrt"]
+    assert "--max-context-length" in container["args"] and container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert spec["initContainers"][0]["args"] == ["fetch", "--uri", "hf://org/m", "--to", "/models/model"]
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h1", "h2"]}]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["engines"].get("readOnly") is None  # the compile Job writes the cache
+
+
+def test_running_job_is_building_with_progress_and_nothing_to_create():
+    running = job(1, "running")
+    running["metadata"]["annotations"]["inferfleet.dev/build-progress"] = "exporting 40%"
+    p = plan_build(build(), [running], NOW)
+    assert p.job is None and p.status["state"] == "Building" and p.status["progress"] == "exporting 40%"
+
+
+def test_failed_attempt_waits_out_the_backoff_then_starts_the_next():
+    failed = [job(1, "failed", at=0)]
+    pods = [pod(f"{KEY}-1", 1, "TensorRT: out of memory\nbuilder failed: CUDA OOM")]
+    waiting = plan_build(build(), failed, NOW + timedelta(seconds=4), pods=pods)
+    assert waiting.job is None and waiting.requeue_after == 6
+    assert waiting.status["state"] == "Pending" and waiting.status["nextAttemptTime"] == t(10)
+    assert waiting.status["failureReason"] == "container compile exited 1 (Error): builder failed: CUDA OOM"
+    assert waiting.status["conditions"][0]["reason"] == "BackoffBeforeRetry"
+    retry = plan_build(build(), failed, NOW + timedelta(seconds=10), pods=pods)
+    assert retry.job["metadata"]["name"] == f"{KEY}-2" and retry.status["attempts"] == 2
+
+
+def test_backoff_doubles_per_attempt_up_to_the_cap():
+    assert [backoff_seconds(10, n, 600) for n in (1, 2, 3, 4, 8)] == [10, 20, 40, 80, 600]
+    failed = [job(1, "failed", at=-100), job(2, "failed", at=0)]
+    p = plan_build(build(), failed, NOW + timedelta(seconds=5))
+    assert p.requeue_after == 15 and p.job is None
+
+
+def test_attempts_are_bounded_and_the_build_fails_with_the_last_reason():
+    jobs = [job(1, "failed", at=-300), job(2, "failed", at=-200), job(3, "failed", at=-100)]
+    p = plan_build(build(), jobs, NOW)
+    assert p.job is None and p.requeue_after is None
+    assert p.status["state"] == "Failed" and p.status["attempts"] == 3
+    assert "BackoffLimitExceeded" in p.status["failureReason"]
+    assert any(e.type == "Warning" and e.reason == "AttemptsExhausted" for e in p.events)
+    assert p.status["conditions"][0]["status"] == "False"
+
+
+def test_max_attempts_comes_from_the_spec():
+    p = plan_build(build(maxAttempts=1), [job(1, "failed")], NOW + timedelta(hours=1))
+    assert p.status["state"] == "Failed" and p.job is None
+
+
+def test_succeeded_job_makes_the_build_ready_with_artifact_details():
+    jobs = [job(1, "failed", at=-500), job(2, "succeeded", at=0)]
+    pods = [pod(f"{KEY}-2", 0, '{"artifactSizeBytes": 123456}')]
+    p = plan_build(build(), jobs, NOW, pods=pods)
+    s = p.status
+    assert (s["state"], s["artifactPath"], s["artifactSizeBytes"], s["durationSeconds"]) == ("Ready", f"/engines/{KEY}", 123456, 60)
+    assert s["conditions"][0]["status"] == "True" and p.job is None
+
+
+def test_plan_build_is_deterministic_and_quiet_on_resync():
+    first = plan_build(build(), [job(1, "running")], NOW)
+    again = plan_build(build(status=first.status), [job(1, "running")], NOW + timedelta(minutes=3))
+    assert again.status == first.status and again.events == []
+
+
+def test_build_status_fits_the_crd_schema():
+    status_schema = load_schema("enginebuilds.yaml")["properties"]["status"]
+    for p in (plan_build(build(), [], NOW), plan_build(build(), [job(1, "failed")], NOW), plan_build(build(), [job(1, "succeeded")], NOW)):
+        assert schema_errors(p.status, status_schema) == []
+
+
+def referencing(name: str, key: str, field: str = "engineBuild") -> dict:
+    return {"metadata": {"name": name, "namespace": "team-a"}, "status": {"pools": [{"name": "p", field: key}]}}
+
+
+def test_referenced_build_is_kept():
+    d = plan_gc(build(), [referencing("svc", KEY, "servingEngineBuild")], NOW)
+    assert (d.delete, d.unreferenced_since) == (False, None)
+
+
+def test_unreferenced_build_is_deleted_after_the_retention():
+    settings = PlanSettings(build_retention_seconds=600)
+    other_ns = copy.deepcopy(referencing("svc", KEY))
+    other_ns["metadata"]["namespace"] = "team-b"
+    first = plan_gc(build(), [other_ns, referencing("x", "fedcba9876543210")], NOW, settings)
+    assert (first.delete, first.unreferenced_since, first.requeue_after) == (False, t(0), 600)
+    marked = build()
+    marked["metadata"]["annotations"] = {UNREFERENCED_ANNOTATION: first.unreferenced_since}
+    assert plan_gc(marked, [], NOW + timedelta(seconds=599), settings).delete is False
+    assert plan_gc(marked, [], NOW + timedelta(seconds=600), settings).delete is True
