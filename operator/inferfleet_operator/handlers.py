@@ -45,6 +45,34 @@ def _plain(body: kopf.Body) -> dict:
     return strip_object(dict(body))
 
 
+def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """Every kopf setting of the operator, in one place (called by the startup handler)."""
+    settings.posting.level = logging.WARNING  # kopf posts only its own warnings and errors
+    settings.posting.reporting_component = "inferfleet-operator"
+    settings.posting.reporting_instance = config.instance
+    settings.peering.standalone = config.peering is None
+    if config.peering:
+        settings.peering.name = config.peering
+        settings.peering.mandatory = True
+        settings.peering.clusterwide = config.is_clusterwide
+    for group_version, plural in CHILD_RESOURCES.values():
+        settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
+    for group_version, plural in (("batch/v1", "jobs"), ("v1", "pods")):
+        settings.watching.label_selectors[group_version, plural] = builds.BUILD_LABEL
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.reconnect_backoff = 1.0
+    # kopf bookkeeping lives in annotations under our own prefix; status stays ours alone.
+    settings.persistence.finalizer = "inferfleet.dev/kopf-finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="inferfleet.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="inferfleet.dev", key="last-handled-configuration")
+    settings.queueing.idle_timeout = 30.0  # per-object kopf workers linger; ours do the work
+    settings.networking.error_backoffs = config.error_delays
+    settings.execution.max_workers = 2  # kopf runs sync callables in threads; ours are all async
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: Metrics) -> None:
     """Registers every handler in `registry` (settings are closed over, not global)."""
 
@@ -54,31 +82,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
 
     @kopf.on.startup(**on)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-        settings.posting.level = logging.WARNING  # kopf posts only its own warnings and errors
-        settings.posting.reporting_component = "inferfleet-operator"
-        settings.posting.reporting_instance = config.instance
-        settings.peering.standalone = config.peering is None
-        if config.peering:
-            settings.peering.name = config.peering
-            settings.peering.mandatory = True
-            settings.peering.clusterwide = config.is_clusterwide
-        for group_version, plural in CHILD_RESOURCES.values():
-            settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
-        for group_version, plural in (("batch/v1", "jobs"), ("v1", "pods")):
-            settings.watching.label_selectors[group_version, plural] = builds.BUILD_LABEL
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 330
-        settings.watching.reconnect_backoff = 1.0
-        # kopf bookkeeping lives in annotations under our own prefix; status stays ours alone.
-        settings.persistence.finalizer = "inferfleet.dev/kopf-finalizer"
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix="inferfleet.dev")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="inferfleet.dev", key="last-handled-configuration")
-        settings.queueing.idle_timeout = 30.0  # per-object kopf workers linger; ours do the work
-        settings.networking.error_backoffs = config.error_delays
-        settings.execution.max_workers = 2  # only sync callables use threads; ours are async
-
+        apply_settings(settings, config)
         credentials = Credentials.in_cluster()
         if credentials is None:
             info = kopf.login_with_kubeconfig(settings=settings)
@@ -110,30 +114,30 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     # ------------------------------------------------------------------ indexes
 
     @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICES, **on)
-    def service_index(namespace: str, name: str, body: kopf.Body, **_: Any):
+    async def service_index(namespace: str, name: str, body: kopf.Body, **_: Any):
         return {(namespace, name): _plain(body)}
 
     @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICE_REFS, **on)
-    def service_refs_index(namespace: str, name: str, status: kopf.Status, **_: Any):
+    async def service_refs_index(namespace: str, name: str, status: kopf.Status, **_: Any):
         refs = {p.get(field) for p in status.get("pools", []) or []
                 for field in ("engineBuild", "servingEngineBuild")}
         return {(namespace, ref): name for ref in refs if ref}
 
     @kopf.index(GROUP_VERSION, "inferenceruntimes", id=reconcile.RUNTIMES, **on)
-    def runtime_index(name: str, body: kopf.Body, **_: Any):
+    async def runtime_index(name: str, body: kopf.Body, **_: Any):
         return {name: _plain(body)}
 
     @kopf.index(GROUP_VERSION, "enginebuilds", id=reconcile.BUILDS, **on)
-    def build_index(namespace: str, body: kopf.Body, **_: Any):
+    async def build_index(namespace: str, body: kopf.Body, **_: Any):
         return {namespace: _plain(body)}
 
     @kopf.index("v1", "nodes", id=reconcile.NODES, **on)
-    def node_index(name: str, body: kopf.Body, **_: Any):
+    async def node_index(name: str, body: kopf.Body, **_: Any):
         return {name: _node_view(body)}
 
     def _child_index(index_id: str, group_version: str, plural: str) -> None:
         @kopf.index(group_version, plural, id=index_id, labels={SERVICE_LABEL: kopf.PRESENT}, **on)
-        def child_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+        async def child_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
             return {(namespace, labels[SERVICE_LABEL]): _plain(body)}
 
     for kind, (group_version, plural) in CHILD_RESOURCES.items():
@@ -142,11 +146,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     build_labelled = {builds.BUILD_LABEL: kopf.PRESENT}
 
     @kopf.index("batch/v1", "jobs", id=reconcile.JOBS, labels=build_labelled, **on)
-    def job_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    async def job_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
         return {(namespace, labels[builds.BUILD_LABEL]): _plain(body)}
 
     @kopf.index("v1", "pods", id=reconcile.PODS, labels=build_labelled, **on)
-    def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
         pod = _plain(body)
         return {(namespace, labels[builds.BUILD_LABEL]):
                 {k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")}}
@@ -154,7 +158,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     # ------------------------------------------------------------------ triggers
 
     @kopf.on.event(GROUP_VERSION, "inferenceservices", **on)
-    def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
+    async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
                       **_: Any) -> None:
         memo.ctx.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
         if type == "DELETED":
@@ -167,7 +171,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             memo.queue.enqueue((SERVICE_KIND, namespace, name))
 
     @kopf.on.event(GROUP_VERSION, "enginebuilds", **on)
-    def build_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
+    async def build_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
                     service_refs_index: kopf.Index, **_: Any) -> None:
         memo.ctx.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
         if type == "DELETED":
@@ -180,7 +184,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     def _child_event(kind: str, group_version: str, plural: str) -> None:
         @kopf.on.event(group_version, plural, id=f"{plural}_event",
                        labels={SERVICE_LABEL: kopf.PRESENT}, **on)
-        def child_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
+        async def child_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
                         memo: kopf.Memo, **_: Any) -> None:
             memo.ctx.observed(kind, body, is_deleted=type == "DELETED")
             memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
@@ -189,17 +193,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         _child_event(kind, group_version, plural)
 
     @kopf.on.event("batch/v1", "jobs", labels=build_labelled, **on)
-    def job_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
+    async def job_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
                   memo: kopf.Memo, **_: Any) -> None:
         memo.ctx.observed("Job", body, is_deleted=type == "DELETED")
         memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
 
     @kopf.on.event("v1", "pods", labels=build_labelled, **on)
-    def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
 
     @kopf.on.event("v1", "nodes", **on)
-    def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo,
+    async def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo,
                    service_index: kopf.Index, **_: Any) -> None:
         # Heartbeats change nodes every few seconds; only what pools are made of re-plans services.
         signature = None if type == "DELETED" else repr(_node_view(body))
@@ -212,18 +216,18 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         _enqueue_all_services(memo, service_index)
 
     @kopf.on.event(GROUP_VERSION, "inferenceruntimes", **on)
-    def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
+    async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
         _enqueue_all_services(memo, service_index)
 
     # Level-triggered safety net: every object is reconciled at least every resync interval.
     @kopf.timer(GROUP_VERSION, "inferenceservices", interval=config.resync_seconds,
                 id="service_resync", **on)
-    def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    async def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((SERVICE_KIND, namespace, name), 0.0)
 
     @kopf.timer(GROUP_VERSION, "enginebuilds", interval=config.resync_seconds,
                 id="build_resync", **on)
-    def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    async def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
 
 

@@ -1,0 +1,77 @@
+"""Flags of `inferfleet-operator` and the kopf settings the startup handler applies."""
+
+import kopf
+import pytest
+
+from inferfleet_operator.handlers import apply_settings, register
+from inferfleet_operator.metrics import Metrics
+from inferfleet_operator.settings import parse_args
+
+
+def test_defaults_watch_every_namespace_without_peering():
+    config = parse_args([], default_instance="pod-0")
+    assert config.is_clusterwide and config.peering is None
+    assert (config.health_port, config.metrics_port) == (8080, 9090)
+    assert config.instance == "pod-0"
+
+
+def test_namespaces_repeat_and_exclude_all_namespaces():
+    config = parse_args(["--namespace", "team-a", "-n", "team-b"], default_instance="x")
+    assert config.namespaces == ("team-a", "team-b") and not config.is_clusterwide
+    with pytest.raises(SystemExit):
+        parse_args(["--namespace", "a", "--all-namespaces"], default_instance="x")
+
+
+def test_the_engine_cache_claim_and_retention_reach_the_planner_settings():
+    config = parse_args(["--engine-cache-claim", "engines", "--build-retention-seconds", "5",
+                         "--max-backoff-seconds", "2"], default_instance="x")
+    plan = config.plan_settings()
+    assert (plan.engine_cache_claim, plan.build_retention_seconds, plan.max_backoff_seconds) == \
+        ("engines", 5, 2)
+
+
+def test_bad_error_delays_are_refused_with_a_message(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--error-delays", "1,x"], default_instance="x")
+    assert "comma-separated seconds" in capsys.readouterr().err
+
+
+def test_peering_turns_on_mandatory_leader_election():
+    settings = kopf.OperatorSettings()
+    apply_settings(settings, parse_args(["--peering", "inferfleet"], default_instance="x"))
+    assert settings.peering.name == "inferfleet"
+    assert settings.peering.mandatory and not settings.peering.standalone
+    assert settings.peering.clusterwide
+
+    standalone = kopf.OperatorSettings()
+    apply_settings(standalone, parse_args([], default_instance="x"))
+    assert standalone.peering.standalone
+
+
+def test_watches_of_children_jobs_and_pods_are_filtered_by_the_api_server():
+    settings = kopf.OperatorSettings()
+    apply_settings(settings, parse_args([], default_instance="x"))
+    selectors = {(s.group, s.plural or s.any_name): v
+                 for s, v in settings.watching.label_selectors.items()}
+    managed = "app.kubernetes.io/managed-by=inferfleet-operator"
+    assert selectors[("apps", "deployments")] == managed
+    assert selectors[("", "services")] == managed
+    assert selectors[("policy", "poddisruptionbudgets")] == managed
+    assert selectors[("batch", "jobs")] == "inferfleet.dev/engine-build"
+    assert selectors[("", "pods")] == "inferfleet.dev/engine-build"
+
+
+def test_kopf_bookkeeping_stays_under_the_projects_prefix():
+    settings = kopf.OperatorSettings()
+    apply_settings(settings, parse_args([], default_instance="x"))
+    assert settings.persistence.finalizer.startswith("inferfleet.dev/")
+    assert settings.posting.reporting_instance == "x"
+
+
+def test_every_handler_registers():
+    registry = kopf.OperatorRegistry()
+    register(registry, parse_args([], default_instance="x"), Metrics())
+    resources = {h.selector.any_name if h.selector else None
+                 for h in registry._indexing.get_all_handlers()}
+    assert {"inferenceservices", "enginebuilds", "inferenceruntimes", "nodes", "deployments",
+            "services", "poddisruptionbudgets", "jobs", "pods"} <= resources
