@@ -204,7 +204,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
             "selector": {"matchLabels": common_labels(service.meta.name, serving.pool.name)},
             # Surge before removing: a serving replica goes away only once its replacement is ready.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+            "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
         },
     }
 
@@ -307,7 +307,7 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": COMPILE_DEADLINE_SECONDS,
-            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+            "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
         },
     }
 

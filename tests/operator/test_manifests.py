@@ -1,0 +1,116 @@
+"""Golden manifests for pool Deployments, the Service, the PodDisruptionBudget and the compile Job; plus the properties
+every serving pod must have. Regenerate the golden files with INFERFLEET_UPDATE_GOLDEN=1."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, node, service, with_state
+from inferfleet_operator import manifests as m
+from inferfleet_operator.builds import plan_build
+from inferfleet_operator.planner import plan_service
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("INFERFLEET_UPDATE_GOLDEN") == "1"
+NODES = [h100("h1"), h100("h2"), mi300x("m1"), cpu("c1")]
+
+
+def _scenario() -> dict[str, dict]:
+    svc = service(
+        replicas=4,
+        placement={"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        engine={"maxContextLength": 8192, "maxBatchSize": 32},
+    )
+    first = plan_service(svc, NODES, RUNTIMES, {}, {}, NOW)
+    key = first.engine_builds[0]["metadata"]["name"]
+    built = with_state(first.engine_builds[0], "Ready")
+    p = plan_service(svc, NODES, RUNTIMES, {key: built}, {}, NOW)
+    out = {f"{c['kind'].lower()}-{c['metadata']['name']}": c for c in p.children}
+    out[f"enginebuild-{key}"] = p.engine_builds[0]
+    out[f"job-{key}-1"] = plan_build(built | {"status": {}}, [], NOW).job
+    pvc = service("local", model={"name": "tiny", "uri": "pvc://models/tiny/v1"}, replicas=1)
+    for child in plan_service(pvc, [cpu("c1")], RUNTIMES, {}, {}, NOW).children:
+        if child["kind"] == "Deployment":
+            out[f"deployment-{child['metadata']['name']}"] = child
+    return out
+
+
+SCENARIO = _scenario()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIO))
+def test_manifest_matches_golden(name):
+    path = GOLDEN / f"{name}.yaml"
+    text = yaml.safe_dump(SCENARIO[name], sort_keys=False, width=120)
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing golden {path.name}: run with INFERFLEET_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} changed: review, then run with INFERFLEET_UPDATE_GOLDEN=1"
+
+
+def test_every_golden_file_is_produced():
+    assert {p.stem for p in GOLDEN.glob("*.yaml")} == set(SCENARIO)
+
+
+DEPLOYMENTS = [v for k, v in sorted(SCENARIO.items()) if k.startswith("deployment-")]
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=lambda d: d["metadata"]["name"])
+def test_serving_pods_are_restricted_probed_and_pinned(deployment):
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["containers"] + pod.get("initContainers", []):
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+    server = pod["containers"][0]
+    assert server["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert server["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert server["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert server["command"] == ["inferfleet-runtime"] and server["args"][0] == "serve" and "--port" in server["args"]
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[m.NAME_LABEL] == "inferfleet" and labels[m.MANAGED_BY_LABEL] == "inferfleet-operator"
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_pool_with_a_common_product_label_is_pinned_by_it_else_by_node_names():
+    nv = SCENARIO["deployment-llama-nvidia-h100-80gb-hbm3"]["spec"]["template"]["spec"]["affinity"]
+    term = nv["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term == {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}
+    bare = [node("r1", {}, {"nvidia.com/gpu": "1"}), node("r2", {}, {"nvidia.com/gpu": "1"})]
+    p = plan_service(service(runtime={"policy": "Paged"}), bare, RUNTIMES, {}, {}, NOW)
+    dep = next(c for c in p.children if c["kind"] == "Deployment")
+    term = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["r1", "r2"]}]}
+
+
+def test_model_volume_follows_the_uri_scheme():
+    pvc = SCENARIO["deployment-local-cpu-amd64"]["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pvc["volumes"]
+    assert "initContainers" not in pvc and pvc["containers"][0]["args"][:3] == ["serve", "--model", "/models/tiny/v1"]
+    hf = SCENARIO["deployment-llama-amd-mi300x"]["spec"]["template"]["spec"]
+    assert {"name": "model", "emptyDir": {}} in hf["volumes"]
+    assert hf["initContainers"][0]["args"] == ["fetch", "--uri", "hf://meta-llama/Llama-3-8B", "--to", "/models/model"]
+    local = plan_service(service(model={"name": "x", "uri": "file:///srv/models/x"}), [cpu("c1")], RUNTIMES, {}, {}, NOW)
+    dep = next(c for c in local.children if c["kind"] == "Deployment")
+    assert {"name": "model", "hostPath": {"path": "/srv/models/x", "type": "Directory"}} in dep["spec"]["template"]["spec"]["volumes"]
+
+
+def test_service_selects_every_pool_and_the_pdb_allows_one_disruption():
+    svc, pdb = SCENARIO["service-llama"], SCENARIO["poddisruptionbudget-llama"]
+    assert svc["spec"]["selector"] == {m.SERVICE_LABEL: "llama", m.COMPONENT_LABEL: "server"}
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    # Compile Job pods never carry the service label, so the Service does not route to them.
+    job = next(v for k, v in SCENARIO.items() if k.startswith("job-"))
+    assert m.SERVICE_LABEL not in job["spec"]["template"]["metadata"]["labels"]
+
+
+def test_long_names_are_bounded_and_distinct():
+    a = m.deployment_name("s" * 60, "nvidia-h100-80gb-hbm3")
+    b = m.deployment_name("s" * 60, "nvidia-h200")
+    assert len(a) <= 63 and len(b) <= 63 and a != b
