@@ -1,0 +1,49 @@
+"""api: camelCase specs parse into typed models with defaults; bad input names the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from planning_data import service
+from inferfleet_operator.api import EngineEnvelope, SpecError, from_dict, parse_build, parse_runtime, parse_service, to_camel, to_dict
+
+
+def test_camel_case_maps_to_snake_case_in_one_rule():
+    assert to_camel("max_context_length") == "maxContextLength" and to_camel("replicas") == "replicas"
+
+
+def test_service_spec_parses_with_defaults_and_nested_models():
+    s = parse_service(service(placement={"vendors": ["amd"], "tolerations": [{"key": "k", "operator": "Exists"}]}, pools=[{"name": "amd-mi300x", "replicas": 2}]))
+    assert s.meta.name == "llama" and s.meta.generation == 1
+    assert s.spec.placement.vendors == ("amd",) and s.spec.placement.tolerations[0].operator == "Exists"
+    assert s.spec.pools[0].replicas == 2 and s.spec.engine == EngineEnvelope()
+
+
+def test_round_trip_through_dict_keeps_every_field():
+    env = EngineEnvelope(max_context_length=8192, dtype="float16")
+    assert from_dict(EngineEnvelope, to_dict(env)) == env
+
+
+@pytest.mark.parametrize(
+    "obj, field",
+    [
+        ({"spec": {"model": {"uri": "hf://a/b"}}}, "spec.model.name is required"),
+        ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "replicas": "two"}}, "spec.replicas must be an integer"),
+        ({"spec": {"model": {"name": "m", "uri": "ftp://x"}}}, "spec.model.uri"),
+        ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "runtime": {"bridge": "yes"}}}, "spec.runtime.bridge must be true or false"),
+    ],
+)
+def test_bad_specs_raise_spec_error_naming_the_field(obj, field):
+    with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+        parse_service(obj)
+
+
+def test_compiled_runtime_without_compile_image_is_refused():
+    with pytest.raises(SpecError, match="compileImage"):
+        parse_runtime({"metadata": {"name": "x"}, "spec": {"engine": "Compiled", "vendors": ["nvidia"], "image": "i"}})
+
+
+def test_build_spec_parses():
+    b = parse_build({"metadata": {"name": "k"}, "spec": {"engineKey": "k", "modelUri": "hf://a/b", "revision": "main", "envelope": {},
+                     "vendor": "nvidia", "architecture": "sm90", "image": "i", "compileImage": "c"}})  # fmt: skip
+    assert b.spec.max_attempts == 3 and b.spec.placement.node_names == ()
