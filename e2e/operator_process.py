@@ -230,8 +230,8 @@ def replica_set_args(cluster, namespace: str, deployment: str) -> list[list[str]
 
 
 def events(cluster, namespace: str, name: str) -> list[dict]:
-    return [e for e in cluster.items("events.events.k8s.io", namespace)
-            if (e.get("regarding") or {}).get("name") == name]
+    return [e for e in cluster.items("events", namespace)
+            if (e.get("involvedObject") or {}).get("name") == name]
 
 
 def drain(cluster, timeout: float = 60) -> None:

@@ -278,25 +278,24 @@ class Kube:
 
     async def post_event(self, regarding: dict, *, type: str, reason: str, note: str,
                          action: str, now: datetime.datetime | None = None) -> dict:
-        """Posts an events.k8s.io/v1 Event about `regarding` (an object as read from the API)."""
+        """Posts a core v1 Event about `regarding` (an object as read from the API)."""
         meta = regarding["metadata"]
         namespace = meta.get("namespace") or "default"
-        now = now or datetime.datetime.now(datetime.timezone.utc)
+        stamp = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
-            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
-            "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "reportingController": REPORTING_CONTROLLER,
-            "reportingInstance": self._instance,
-            "action": action, "reason": reason, "type": type,
-            "note": note[:1000],  # the API caps notes at 1 kB
-            "regarding": {"apiVersion": regarding["apiVersion"], "kind": regarding["kind"],
-                          "name": meta["name"], "namespace": meta.get("namespace"),
-                          "uid": meta.get("uid")},
+            "involvedObject": {"apiVersion": regarding["apiVersion"], "kind": regarding["kind"],
+                               "name": meta["name"], "namespace": meta.get("namespace"),
+                               "uid": meta.get("uid")},
+            "type": type, "reason": reason, "action": action,
+            "message": note[:1000],  # Events are for people; long texts belong in status
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": REPORTING_CONTROLLER, "reportingInstance": self._instance,
         }
         result = await self._request("create", "Event", "POST",
-                                     resource_path("events.k8s.io/v1", "Event", namespace),
-                                     body=event)
+                                     resource_path("v1", "Event", namespace), body=event)
         assert result is not None
         return result
 

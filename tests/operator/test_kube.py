@@ -106,7 +106,7 @@ def test_refusals_raise_with_the_servers_message():
     assert not raised.value.is_retryable
 
 
-def test_events_use_events_k8s_io_and_name_the_object():
+def test_events_are_core_events_that_name_the_object():
     seen = []
 
     def handler(request):
@@ -119,14 +119,14 @@ def test_events_use_events_k8s_io_and_name_the_object():
                                             note="x" * 2000, action="Reconcile"))
     (request,) = seen
     body = json.loads(request.content)
-    assert request.url.path == "/apis/events.k8s.io/v1/namespaces/team-a/events"
-    assert body["regarding"] == {"apiVersion": "inferfleet.dev/v1alpha1",
-                                 "kind": "InferenceService", "name": "llama",
-                                 "namespace": "team-a", "uid": "u1"}
+    assert request.url.path == "/api/v1/namespaces/team-a/events"
+    assert body["involvedObject"] == {"apiVersion": "inferfleet.dev/v1alpha1",
+                                      "kind": "InferenceService", "name": "llama",
+                                      "namespace": "team-a", "uid": "u1"}
     assert (body["type"], body["reason"], body["reportingInstance"]) == \
         ("Warning", "BuildFailed", "op-0")
-    assert len(body["note"]) == 1000
-    assert body["eventTime"].endswith("Z")
+    assert len(body["message"]) == 1000
+    assert body["firstTimestamp"].endswith("Z")
 
 
 def test_requests_are_counted_and_reads_are_not_writes():
