@@ -42,3 +42,23 @@ def greedy_paged(model, prompts: list[list[int]], num_new_tokens: int, block_siz
                 tokens[i].append(next_id)
                 outputs[i].append(next_id)
     return outputs
+
+
+def hf_greedy(hf_model, prompts: list[list[int]], num_new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy generate, one prompt at a time; it stops after an EOS token."""
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=num_new_tokens, pad_token_id=0)
+        outputs.append(out[0, len(prompt):].tolist())
+    return outputs
+
+
+def truncate_after_eos(outputs: list[list[int]], eos_token_ids: list[int]) -> list[list[int]]:
+    """Each output up to and including its first EOS token (where transformers' generate stops)."""
+    cut = []
+    for out in outputs:
+        end = next((i + 1 for i, t in enumerate(out) if t in eos_token_ids), len(out))
+        cut.append(out[:end])
+    return cut

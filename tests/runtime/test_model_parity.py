@@ -7,7 +7,7 @@ import torch
 
 from inferfleet_runtime.loader import load_model
 
-from .paged_greedy import greedy_paged
+from .paged_greedy import greedy_paged, hf_greedy, truncate_after_eos
 
 CONFIGS = {
     "gqa": dict(num_attention_heads=4, num_key_value_heads=2),
@@ -23,27 +23,18 @@ PROMPT_LENGTHS = [1, 3, 8, 13, 22]
 NUM_NEW_TOKENS = 10
 
 
-def hf_greedy(model_dir, prompts: list[list[int]], num_new_tokens: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outputs = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=num_new_tokens,
-                          min_new_tokens=num_new_tokens, pad_token_id=0)
-        outputs.append(out[0, len(prompt):].tolist())
-    return outputs
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_factory, name):
     model_dir = tiny_llama_factory(name, **CONFIGS[name])
     gen = torch.Generator().manual_seed(len(name))
     prompts = [torch.randint(3, 384, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
-    expected = hf_greedy(model_dir, prompts, NUM_NEW_TOKENS)
+    from transformers import AutoModelForCausalLM
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    expected = hf_greedy(hf_model, prompts, NUM_NEW_TOKENS)
     lm = load_model(model_dir, device="cpu", kernels="reference")
     got = greedy_paged(lm.model, prompts, NUM_NEW_TOKENS, block_size=4, chunk_size=5)
-    assert got == expected
+    assert truncate_after_eos(got, lm.config.eos_token_ids) == expected
     # The reference must not be degenerate, or the comparison would prove little.
     assert len({tuple(out) for out in expected}) == len(prompts)
+    assert sum(len(out) for out in expected) >= 0.8 * NUM_NEW_TOKENS * len(prompts)
