@@ -24,7 +24,7 @@ class TritonKernel:
     """A kernel function; `on(device)` gives the `triton.jit` function to launch as `[grid](...)`.
 
     The kernel body refers to `tl`; it is bound to `triton.language` in the kernel's module at first
-    launch (a deferred import). Parameters annotated `"constexpr"` are Triton compile-time constants.
+    launch (a deferred import). Parameters annotated `tl.constexpr` (a string under postponed annotations) are compile-time constants.
     """
 
     def __init__(self, fn):

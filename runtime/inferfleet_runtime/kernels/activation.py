@@ -23,7 +23,7 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 
 @triton_kernel
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, intermediate_size, BLOCK: constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, intermediate_size, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < intermediate_size

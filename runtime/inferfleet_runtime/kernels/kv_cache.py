@@ -31,7 +31,7 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 def _write_kv_kernel(
     key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
     stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-    NUM_KV_HEADS: constexpr, HEAD_DIM: constexpr, BLOCK_H: constexpr, BLOCK_D: constexpr,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # One program per token: its [Hkv, D] key and value rows land in one contiguous cache slot.
     token = tl.program_id(0).to(tl.int64)

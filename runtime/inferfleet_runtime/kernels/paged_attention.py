@@ -93,9 +93,9 @@ def _paged_attention_kernel(
     stride_q_token, stride_q_head, stride_out_token, stride_out_head,
     stride_cache_block, stride_cache_slot, stride_cache_head, stride_block_table,
     num_q_heads, num_partitions, partition_size,
-    GROUP: constexpr, HEAD_DIM: constexpr, BLOCK_SIZE: constexpr,
-    BLOCK_G: constexpr, BLOCK_Q: constexpr, BLOCK_N: constexpr, BLOCK_D: constexpr,
-    IS_DECODE: constexpr, IS_SPLIT: constexpr, DOT_PRECISION: constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_DECODE: tl.constexpr, IS_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -172,7 +172,7 @@ def _paged_attention_kernel(
 def _reduce_partitions_kernel(
     part_out_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr,
     stride_out_token, stride_out_head, num_q_heads, num_partitions, partition_size,
-    HEAD_DIM: constexpr, BLOCK_D: constexpr, BLOCK_P: constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     # Decode only: token == sequence. Merges the partitions that hold any of its context.
     token = tl.program_id(0).to(tl.int64)
@@ -207,6 +207,8 @@ class AttentionPlan:
     num_q_tiles: int
     num_partitions: int  # KV partitions per sequence; > 1 is the split-KV path
     partition_size: int  # key positions per partition, a multiple of block_n
+    num_warps: int = 4
+    num_stages: int = 2
 
     @property
     def is_split(self) -> bool:
@@ -249,7 +251,7 @@ def _num_sms(device: torch.device) -> int:
 
 def paged_attention(
     query, key_cache, value_cache, block_tables, seq_lens, scale,
-    query_start_loc=None, max_query_len=1, max_seq_len=None, num_splits=None,
+    query_start_loc=None, max_query_len=1, max_seq_len=None, num_splits=None, plan=None,
 ):
     """Attention of new query tokens over their sequences' paged KV cache (Triton).
 
@@ -267,6 +269,7 @@ def paged_attention(
         max_seq_len: the largest seq_len (sizes the split; read from seq_lens when None).
         num_splits: KV partitions per decode sequence (flash-decoding); None picks by occupancy,
             1 disables. Prefill/extend never splits.
+        plan: an AttentionPlan to launch instead of `plan_paged_attention`'s (tuning; gpu_check).
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     """
@@ -305,12 +308,16 @@ def paged_attention(
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
 
-    plan = plan_paged_attention(
+    plan = plan or plan_paged_attention(
         num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         max_query_len=max_query_len, max_seq_len=max_seq_len, is_decode=is_decode, num_splits=num_splits,
         num_sms=_num_sms(query.device),
     )
     num_partitions, is_split = plan.num_partitions, plan.is_split
+    if (plan.partition_size % plan.block_n or num_partitions * plan.partition_size < max_seq_len
+            or plan.num_q_tiles * plan.block_q < max_query_len or plan.block_d < head_dim
+            or plan.block_g < num_q_heads // num_kv_heads or (is_split and not is_decode)):
+        raise ValueError(f"inconsistent attention plan {plan} for max_seq_len {max_seq_len}")
     if is_split:
         part_out = torch.empty((num_tokens, num_q_heads, num_partitions, head_dim), dtype=torch.float32, device=query.device)
         part_max = torch.empty((num_tokens, num_q_heads, num_partitions), dtype=torch.float32, device=query.device)
@@ -329,6 +336,7 @@ def paged_attention(
         BLOCK_G=plan.block_g, BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         IS_DECODE=is_decode, IS_SPLIT=is_split,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if is_split:
         _reduce_partitions_kernel.on(query.device)[(num_tokens, num_q_heads)](

@@ -38,7 +38,7 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_residual, stride_out, stride_residual_out,
     hidden_size, eps,
-    HAS_RESIDUAL: constexpr, BLOCK_H: constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)

@@ -41,8 +41,8 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 def _rotary_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, positions_ptr, cache_ptr,
     stride_q_token, stride_q_head, stride_k_token, stride_k_head, stride_cache,
-    NUM_Q_HEADS: constexpr, NUM_K_HEADS: constexpr, HALF: constexpr,
-    BLOCK_HQ: constexpr, BLOCK_HK: constexpr, BLOCK_HALF: constexpr,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     # One program per token: all its query heads as one [BLOCK_HQ, HALF] tile pair, then all key heads.
     token = tl.program_id(0).to(tl.int64)

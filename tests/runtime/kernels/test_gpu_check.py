@@ -1,0 +1,21 @@
+"""The GPU check refuses to run without a GPU and its correctness check tells a wrong kernel from a right one."""
+
+from __future__ import annotations
+
+import torch
+
+from inferfleet_runtime.kernels import activation, gpu_check
+
+
+def test_exits_with_a_clear_message_without_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main([]) == 2
+    assert "no CUDA or ROCm GPU" in capsys.readouterr().err
+
+
+def test_check_accepts_a_matching_kernel_and_rejects_a_wrong_one():
+    x = torch.randn(4, 64)
+    right = gpu_check.Case("silu", lambda: activation.silu_and_mul(x), lambda: activation.silu_and_mul_reference(x), 1)
+    wrong = gpu_check.Case("silu", lambda: activation.silu_and_mul(x) * 1.01, lambda: activation.silu_and_mul_reference(x), 1)
+    assert gpu_check.check(right, torch.float32)[0]
+    assert not gpu_check.check(wrong, torch.float32)[0]
