@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import typing
 from dataclasses import dataclass, field
@@ -197,16 +198,25 @@ def from_dict(cls: type, data: dict | None, path: str = "spec"):
     data = data or {}
     if not isinstance(data, dict):
         raise SpecError(f"{path} must be an object")
-    hints = typing.get_type_hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        key = to_camel(f.name)
+    for name, key, hint, is_required in _fields(cls):
         if key not in data or data[key] is None:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if is_required:
                 raise SpecError(f"{path}.{key} is required")
             continue
-        kwargs[f.name] = _convert(hints[f.name], data[key], f"{path}.{key}")
+        kwargs[name] = _convert(hint, data[key], f"{path}.{key}")
     return cls(**kwargs)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, str, object, bool], ...]:
+    """(python name, yaml key, type hint, required) per field; memoized because resolving the string
+    annotations is costly and planning parses every service on every pass."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (f.name, to_camel(f.name), hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)
+    )
 
 
 def _convert(hint, value, path: str):
@@ -217,6 +227,8 @@ def _convert(hint, value, path: str):
     if origin is tuple:
         if not isinstance(value, list):
             raise SpecError(f"{path} must be a list")
+        if args[0] is str:
+            return tuple(str(item) for item in value)
         return tuple(_convert(args[0], item, f"{path}[{i}]") for i, item in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
@@ -241,19 +253,21 @@ def _convert(hint, value, path: str):
 def to_dict(obj) -> dict:
     """Dataclass -> camelCase dict with every field (defaults included); None values are dropped."""
     out = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
+    for name, key, _, _ in _fields(type(obj)):
+        value = getattr(obj, name)
         if value is None:
             continue
-        out[to_camel(f.name)] = _plain(value)
+        out[key] = _plain(value)
     return out
 
 
 def _plain(value):
+    if isinstance(value, (str, int, float, bool)):
+        return value
     if dataclasses.is_dataclass(value):
         return to_dict(value)
     if isinstance(value, tuple):
-        return [_plain(v) for v in value]
+        return [v if isinstance(v, str) else _plain(v) for v in value]
     if isinstance(value, dict):
         return dict(sorted(value.items()))
     return value

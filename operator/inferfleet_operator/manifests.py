@@ -238,16 +238,18 @@ def pdb_for(service: InferenceService) -> dict:
     }
 
 
-def engine_build_for(namespace: str, spec: EngineBuildSpec, references: list[str]) -> dict:
+def engine_build_for(namespace: str, spec: EngineBuildSpec | dict, references: list[str]) -> dict:
     """An EngineBuild named by its key; one ref label per referencing service (GC reads references from
     services' status, the labels are for people and selectors)."""
-    labels = common_labels() | {ENGINE_KEY_LABEL: spec.engine_key}
+    spec_dict = spec if isinstance(spec, dict) else to_dict(spec)
+    key = spec_dict["engineKey"]
+    labels = common_labels() | {ENGINE_KEY_LABEL: key}
     labels.update({ref_label(name): "true" for name in sorted(set(references))})
     return {
         "apiVersion": API_VERSION,
         "kind": "EngineBuild",
-        "metadata": {"name": spec.engine_key, "namespace": namespace, "labels": labels},
-        "spec": to_dict(spec),
+        "metadata": {"name": key, "namespace": namespace, "labels": labels},
+        "spec": spec_dict,
     }
 
 

@@ -18,7 +18,6 @@ from .api import (
     PlanSettings,
     SpecError,
     Toleration,
-    from_dict,
     parse_runtime,
     parse_service,
 )
@@ -128,6 +127,8 @@ def _node_blocker(info, service: InferenceService) -> str:
 
 def _service_pool(pool: Pool, service: InferenceService) -> Pool | Excluded:
     """The pool restricted to the nodes this service may use (nodeSelector, taints)."""
+    if not service.spec.placement.node_selector and not pool.has_blocking_taints:
+        return pool
     blockers = [(info, _node_blocker(info, service)) for info in pool.nodes]
     keep = [info for info, why in blockers if not why]
     if len(keep) == len(pool.nodes):
@@ -157,13 +158,12 @@ def _build_state(build: dict | None) -> str:
     return ((build or {}).get("status") or {}).get("state") or "Pending"
 
 
-def _build_spec(service: InferenceService, choice: PoolChoice, key: str, view: ClusterView, existing: dict | None) -> EngineBuildSpec:
+def _build_spec(service: InferenceService, choice: PoolChoice, key: str, view: ClusterView, existing: dict | None) -> EngineBuildSpec | dict:
+    """The spec of the build for `key`: as stored when the build exists (its spec is immutable, and re-emitting
+    it keeps services that share the build from fighting over its placement), else from this service's view."""
     runtime, pool = choice.runtime, choice.pool
-    if existing is not None:
-        try:
-            return from_dict(EngineBuildSpec, existing.get("spec"))
-        except SpecError:
-            pass  # an unreadable build is rewritten from this service's view
+    if existing is not None and (existing.get("spec") or {}).get("engineKey") == key:
+        return dict(existing["spec"])
     # Every eligible node of the vendor and architecture: the same answer for every service sharing the key.
     node_names = sorted(
         name for p in view.pools if p.vendor == pool.vendor and p.architecture == pool.architecture for name in p.node_names
@@ -257,7 +257,7 @@ def plan_service_in(
     distribution = distribute(spec.replicas, capacities, overrides)
 
     owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
-    wanted_builds: dict[str, EngineBuildSpec] = {}
+    wanted_builds: dict[str, EngineBuildSpec | dict] = {}
     entries, children = [], []
     for choice in choices:
         replicas = distribution.replicas[choice.pool.name]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .nodes import UNKNOWN, NodeInfo, classify_node
 
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 MAX_POOL_NAME = 30  # leaves room for "<service>-" in child names (a Service name is a 63-char DNS label)
 
 
@@ -26,6 +27,7 @@ class Pool:
     pool_label: tuple[str, str] | None  # a label every eligible node carries and that names the product
     excluded_nodes: tuple[tuple[str, str], ...]  # (node, reason) for nodes of this product left out
     nodes: tuple[NodeInfo, ...] = ()  # the eligible nodes' classification (for per-service filtering)
+    has_blocking_taints: bool = False  # some eligible node has a NoSchedule/NoExecute taint
 
     @property
     def num_nodes(self) -> int:
@@ -78,6 +80,7 @@ def group_pools(nodes: list) -> list[Pool]:
                 pool_label=pool_label,
                 excluded_nodes=tuple((i.name, i.excluded_reason) for i in members if not i.is_eligible),
                 nodes=tuple(eligible),
+                has_blocking_taints=any(t.get("effect") in BLOCKING_EFFECTS for i in eligible for t in i.taints),
             )
         )
     pools.sort(key=lambda p: p.name)
