@@ -64,7 +64,7 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request body"}
-        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_type_tag(part)]
         param = ".".join(loc) or None
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
         return _error_response(APIError(400, message, param=param))
@@ -116,6 +116,14 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         return await _respond(engine, request, body, prompt_ids, params, _ChatFormat(state, engine))
 
     return app
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "json_invalid"}
+
+
+def _is_type_tag(part) -> bool:
+    """Whether a pydantic error location part names a union member (e.g. "list[str]"), not a field."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or part.startswith("function-"))
 
 
 def _load_engine(state: ServerState, load: Callable[[], AsyncEngine]) -> None:
