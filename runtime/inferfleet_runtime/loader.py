@@ -43,8 +43,8 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype | None = None,
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir, dtype=dtype)
     tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
-    if not config.eos_token_ids and tokenizer.eos_token_ids:
-        config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    # Generation stops at any EOS named by config.json, generation_config.json or the tokenizer.
+    config = dataclasses.replace(config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids)))
     device = pick_device(device)
     with torch.device("meta"):
         model = LlamaModel(config, get_ops(kernels)).to(config.dtype)
