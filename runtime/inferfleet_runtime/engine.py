@@ -77,6 +77,7 @@ class LLMEngine:
         self.eos_token_ids = set(runner.eos_token_ids)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
+        self.num_aborted_requests = 0
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, config: EngineConfig | None = None,
@@ -123,6 +124,7 @@ class LLMEngine:
             return False
         for seq in request.seqs:
             self.scheduler.finish(seq, FinishReason.ABORT)
+        self.num_aborted_requests += 1
         return True
 
     def has_unfinished_requests(self) -> bool:
