@@ -128,7 +128,7 @@ def tolerations_schema() -> dict:
             "effect": string("Empty: every effect.", enum=("", "NoSchedule", "PreferNoSchedule", "NoExecute")),
             "tolerationSeconds": integer("NoExecute only: how long the pod stays after the taint appears.", bounds=(0, 86400 * 365)),
         },
-        rules=[rule("self.operator != 'Exists' || !has(self.value) || self.value == ''", "tolerations[].value must be empty when operator is Exists")],
+        rules=[rule("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''", "tolerations[].value must be empty when operator is Exists")],
     )
     return array("Tolerations for the nodes' taints.", item, 32)
 
@@ -148,8 +148,10 @@ def condition_schema() -> dict:
     )
 
 
-def crd(kind: str, plural: str, short: str, scope: str, spec: dict, status: dict, columns: list[dict], root_rules=None) -> dict:
-    schema = obj(f"{kind} ({GROUP}/{VERSION}).", {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"}, "spec": spec, "status": status}, required=("spec",), rules=root_rules)
+def crd(kind: str, plural: str, short: str, scope: str, spec: dict, status: dict, columns: list[dict], root_rules=None, name_length=253) -> dict:
+    # metadata may only restrict name; the bound keeps CEL rules over the name within the cost budget.
+    metadata = {"type": "object", "properties": {"name": {"type": "string", "maxLength": name_length}}}
+    schema = obj(f"{kind} ({GROUP}/{VERSION}).", {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": metadata, "spec": spec, "status": status}, required=("spec",), rules=root_rules)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -211,7 +213,7 @@ def inference_service() -> dict:
                     "bridge": boolean("Serve with paged while a compiled engine builds.", d_rt("bridge")),
                 },
                 default={},
-                rules=[rule("!(self.policy == 'Paged' && self.fallback == 'None')",
+                rules=[rule("!(has(self.policy) && has(self.fallback) && self.policy == 'Paged' && self.fallback == 'None')",
                             "runtime.fallback None has no effect with runtime.policy Paged (nothing is compiled): remove runtime.fallback or use policy Auto or Compiled")],  # fmt: skip
             ),
             "replicas": integer("Serving replicas in total across pools.", default_of(api.InferenceServiceSpec, "replicas"), BOUNDS["replicas"]),
@@ -244,7 +246,6 @@ def inference_service() -> dict:
         rules=[
             rule("self.engine.tensorParallelSize == self.resources.gpusPerReplica",
                  "engine.tensorParallelSize must equal resources.gpusPerReplica: a replica shards the model over exactly its own GPUs",
-                 messageExpression="'engine.tensorParallelSize (' + string(self.engine.tensorParallelSize) + ') must equal resources.gpusPerReplica (' + string(self.resources.gpusPerReplica) + '): a replica shards the model over exactly its own GPUs'",
                  fieldPath=".engine.tensorParallelSize"),
             rule("!has(self.pools) || self.pools.all(p, p.replicas <= self.replicas)",
                  "each pools[].replicas must be at most replicas (the total across pools)", fieldPath=".pools"),
@@ -292,7 +293,7 @@ def inference_service() -> dict:
     ]
     root_rules = [rule("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
                        "metadata.name must be a DNS label that starts with a letter (at most 63 characters): it names the Service")]  # fmt: skip
-    return crd("InferenceService", "inferenceservices", "infsvc", "Namespaced", spec, status, columns, root_rules)
+    return crd("InferenceService", "inferenceservices", "infsvc", "Namespaced", spec, status, columns, root_rules, name_length=63)
 
 
 def inference_runtime() -> dict:
@@ -372,7 +373,7 @@ def engine_build() -> dict:
         AGE,
     ]
     root_rules = [rule("self.metadata.name == self.spec.engineKey", "metadata.name must equal spec.engineKey")]
-    return crd("EngineBuild", "enginebuilds", "eb", "Namespaced", spec, status, columns, root_rules)
+    return crd("EngineBuild", "enginebuilds", "eb", "Namespaced", spec, status, columns, root_rules, name_length=16)
 
 
 FILES = {

@@ -267,6 +267,10 @@ def plan_service_in(
         if capacities[choice.pool.name] == 0:
             entry["reason"] = c.REASON_NO_CAPACITY
             entry["message"] = f"no node has {spec.resources.gpus_per_replica} allocatable {choice.pool.gpu_resource or 'cpu'}"
+        elif replicas == 0 and entry["reason"] in (c.REASON_SERVING_PAGED, c.REASON_SERVING_COMPILED):
+            entry["reason"] = c.REASON_NO_REPLICAS
+        if replicas == 0:
+            entry["servingEngine"] = "None"  # no Deployment: nothing serves here
         if serving is not None and replicas > 0:
             children.append(m.deployment_for_pool(service, serving, settings))
         entries.append(entry)

@@ -113,7 +113,10 @@ def rule_failures(value, schema: dict, old=None, path: str = "") -> list[str]:
         bindings = {"self": celpy.json_to_cel(value)}
         if is_transition:
             bindings["oldSelf"] = celpy.json_to_cel(old)
-        result = _program(r["rule"]).evaluate(bindings)
+        try:
+            result = _program(r["rule"]).evaluate(bindings)
+        except celpy.CELEvalError as error:  # the API server refuses these too ("no such key")
+            result = error
         if isinstance(result, Exception) or not bool(result):
             failures.append(f"{path or '<root>'}: {r['message']}")
     if schema.get("type") == "object" and isinstance(value, dict):

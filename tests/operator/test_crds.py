@@ -187,3 +187,21 @@ def test_crds_have_short_names_scope_status_subresource_and_printer_columns(file
     assert crd["spec"]["names"]["shortNames"] == [short] and crd["spec"]["scope"] == scope
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == columns
+
+
+def _defaults(schema: dict, path: str = ""):
+    if "default" in schema:
+        yield path, schema
+    for name, sub in (schema.get("properties") or {}).items():
+        yield from _defaults(sub, f"{path}.{name}")
+    if "items" in schema:
+        yield from _defaults(schema["items"], f"{path}[]")
+
+
+@pytest.mark.parametrize("file_name", sorted(crdgen.FILES))
+def test_every_default_passes_its_own_rules_before_nested_defaulting(file_name):
+    # The API server checks a default value against the rules as written, without filling nested defaults.
+    from crd_eval import rule_failures
+
+    for path, sub in _defaults(load_schema(file_name)):
+        assert rule_failures(sub["default"], sub, path=path) == [], path

@@ -221,3 +221,11 @@ def test_status_and_builds_fit_the_crd_schemas():
 def test_a_spec_the_crd_would_refuse_raises_spec_error():
     with pytest.raises(SpecError, match="tensorParallelSize"):
         plan(service(engine={"tensorParallelSize": 4}))
+
+
+def test_pools_given_no_replicas_are_not_counted_as_serving():
+    p = plan(service(replicas=1))
+    serving = [e["name"] for e in p.status["pools"] if e["servingEngine"] != "None"]
+    assert len(serving) == 1 and p.status["runtimes"] == "Paged=1" and p.status["poolCount"] == 3
+    idle = [e for e in p.status["pools"] if e["desiredReplicas"] == 0 and e["engine"] == "Paged"]
+    assert idle and all(e["reason"] == "NoReplicasAssigned" for e in idle)
