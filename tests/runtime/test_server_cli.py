@@ -1,0 +1,88 @@
+"""`inferfleet-runtime` entry point and `serve`: readable refusals, and a real serve process answering the client."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from inferfleet_runtime.cli import main
+
+from .server_harness import free_port
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "inferfleet_runtime.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_unknown_subcommand_exits_2_naming_the_choices(capsys):
+    assert main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown subcommand 'frobnicate'" in err and "serve" in err
+
+
+def test_help_lists_the_subcommands(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("serve", "demo-model", "fetch", "compile", "bench"))
+
+
+def test_serve_refuses_a_directory_without_a_model(tmp_path, capsys):
+    assert main(["serve", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no config.json" in err[0]
+
+
+def test_serve_compiled_without_the_compiled_engine_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "inferfleet_runtime.compiled", None)   # as in a build without it
+    (tmp_path / "manifest.json").write_text("{}")
+    assert main(["serve", "--engine-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "compiled engine is not available" in err and "--engine paged" in err
+
+
+def test_serve_refuses_bad_flag_values():
+    result = run_cli("serve", "--model", "x", "--kv-cache-memory", "lots")
+    assert result.returncode == 2 and "is not a size" in result.stderr
+    result = run_cli("serve", "--model", "x", "--block-size", "0")
+    assert result.returncode == 2 and "block_size must be positive" in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_dir):
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "inferfleet_runtime.cli", "serve", "--model", str(demo_model_dir),
+                             "--host", "127.0.0.1", "--port", str(port), "--kernels", "reference",
+                             "--num-kv-blocks", "256", "--log-level", "warning"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "serve did not become ready"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["inferfleet-demo"]
+        reply = client.chat.completions.create(model="inferfleet-demo", max_tokens=8, temperature=0,
+                                               messages=[{"role": "user", "content": "Complete: Beautiful is"}])
+        assert reply.choices[0].message.content and reply.usage.completion_tokens <= 8
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
