@@ -205,3 +205,18 @@ def test_every_default_passes_its_own_rules_before_nested_defaulting(file_name):
 
     for path, sub in _defaults(load_schema(file_name)):
         assert rule_failures(sub["default"], sub, path=path) == [], path
+
+
+def test_readme_example_service_is_admitted_and_plans():
+    import re
+
+    from planning_data import NOW, RUNTIMES, h100, mi300x
+    from inferfleet_operator.planner import plan_service
+
+    readme = (CRDS.parent / "README.md").read_text()
+    section = readme.split("## Operator", 1)[1]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    stored, errors = admit(example, "inferenceservices.yaml")
+    assert errors == []
+    p = plan_service(stored, [h100("h1"), mi300x("m1")], RUNTIMES, {}, {}, NOW)
+    assert {e["name"]: e["desiredReplicas"] for e in p.status["pools"]} == {"amd-mi300x": 1, "nvidia-h100-80gb-hbm3": 3}
