@@ -1,6 +1,7 @@
 """The OpenAI-compatible server on loopback, driven by the official openai client, on the built-in model."""
 
 import json
+import time
 
 import httpx
 import openai
@@ -140,3 +141,46 @@ def test_metrics_expose_gateway_gauges_latencies_and_token_counts(server, client
     assert sample(after, "inferfleet:prompt_tokens_total") - sample(before, "inferfleet:prompt_tokens_total") \
         == r.usage.prompt_tokens
     assert "# TYPE inferfleet:num_preemptions_total counter" in after
+
+
+def test_a_list_of_prompts_gets_n_choices_each(client, server):
+    prompts = [PROMPT, "Simple is better than"]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in sorted(r.choices, key=lambda c: c.index)] == [0, 1, 2, 3]
+    by_index = {c.index: c.text for c in r.choices}
+    for i, prompt in enumerate(prompts):
+        alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0).choices[0].text
+        assert by_index[2 * i] == by_index[2 * i + 1] == alone
+    token_prompt = server.engine.tokenizer.encode(PROMPT)
+    by_ids = client.completions.create(model=MODEL, prompt=token_prompt, max_tokens=4, temperature=0)
+    assert by_ids.choices[0].text == by_index[0]
+    assert r.usage.prompt_tokens == sum(len(server.engine.tokenizer.encode(p)) for p in prompts)
+
+
+def test_extra_sampling_fields_are_honoured(client, server):
+    greedy = client.completions.create(model=MODEL, prompt="xyz q", max_tokens=6, temperature=0).choices[0].text
+    top1 = client.completions.create(model=MODEL, prompt="xyz q", max_tokens=6, temperature=1.5, seed=3,
+                                     extra_body={"top_k": 1}).choices[0].text
+    assert top1 == greedy
+    penalised = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                          extra_body={"repetition_penalty": 5.0}).choices[0].text
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    assert penalised != plain
+    first_token = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
+                                            logprobs=0).choices[0].logprobs.tokens[1]
+    stop_id = server.engine.tokenizer.encode(first_token, add_special_tokens=False)
+    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                        extra_body={"stop_token_ids": stop_id[:1]})
+    assert stopped.choices[0].finish_reason == "stop" and len(stopped.choices[0].text) < len(plain)
+
+
+def test_a_client_leaving_a_whole_response_aborts_it(server):
+    engine = server.engine
+    before = engine.num_aborted_requests
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 900, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.5))
+    deadline = time.monotonic() + 20
+    while engine.num_aborted_requests == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.num_aborted_requests == before + 1
