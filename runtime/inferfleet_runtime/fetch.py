@@ -1,0 +1,148 @@
+"""`inferfleet-runtime fetch`: downloads a model directory from file:// or hf:// into a local folder, resumably."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from tqdm import tqdm
+
+URI_FORMS = "file:///path/to/model or hf://org/name[@revision]"
+
+
+class FetchError(RuntimeError):
+    """The source could not be fetched (missing, unreachable, incomplete)."""
+
+
+class BadURIError(ValueError):
+    """The URI is not one fetch understands."""
+
+
+@dataclass(frozen=True)
+class Source:
+    scheme: str                  # "file" | "hf"
+    path: str                    # file: local directory; hf: "org/name"
+    revision: str | None = None  # hf only; None means the repository's default branch
+
+
+def parse_uri(uri: str) -> Source:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path:
+            raise BadURIError(f"bad file URI {uri!r}: expected {URI_FORMS}")
+        return Source("file", unquote(parsed.path))
+    if parsed.scheme == "hf":
+        repo, _, revision = (parsed.netloc + parsed.path).partition("@")
+        parts = repo.strip("/").split("/")
+        if len(parts) != 2 or not all(parts) or (revision == "" and "@" in uri):
+            raise BadURIError(f"bad hf URI {uri!r}: expected {URI_FORMS}")
+        return Source("hf", "/".join(parts), revision or None)
+    if parsed.scheme == "pvc":
+        raise BadURIError(f"{uri!r}: pvc:// volumes are mounted into the pod, not fetched")
+    raise BadURIError(f"unsupported URI {uri!r}: expected {URI_FORMS}")
+
+
+def fetch(uri: str, to: Path, show_progress: bool = True) -> Path:
+    """Copies or downloads the model into `to`; files already complete there are kept (re-runs resume)."""
+    source = parse_uri(uri)
+    to.mkdir(parents=True, exist_ok=True)
+    if source.scheme == "file":
+        _fetch_local(Path(source.path), to, show_progress)
+    else:
+        _fetch_hub(source, to, show_progress)
+    return to
+
+
+def _fetch_local(src: Path, to: Path, show_progress: bool) -> None:
+    if not src.is_dir():
+        raise FetchError(f"{src} is not a directory")
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    sizes = {p.relative_to(src): p.stat().st_size for p in files}
+    with tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, desc=f"Copying {src.name}",
+              disable=not show_progress, file=sys.stderr) as bar:
+        for rel, size in sizes.items():
+            dest = to / rel
+            if dest.is_file() and dest.stat().st_size == size:  # finished by an earlier run
+                bar.update(size)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            part = dest.with_name(dest.name + ".part")
+            with open(src / rel, "rb") as reader, open(part, "wb") as writer:
+                while chunk := reader.read(1 << 20):
+                    writer.write(chunk)
+                    bar.update(len(chunk))
+            os.replace(part, dest)
+    _verify_sizes(to, {str(rel): size for rel, size in sizes.items()})
+
+
+def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
+    # Imported here so file:// works without huggingface_hub; endpoint and token are read at call time so
+    # HF_ENDPOINT / HF_TOKEN set after import still count.
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    token = os.environ.get("HF_TOKEN") or None
+    revision = source.revision or "main"
+    (enable_progress_bars if show_progress else disable_progress_bars)()
+    try:
+        info = HfApi(endpoint=endpoint, token=token).model_info(source.path, revision=revision, files_metadata=True)
+        expected = {s.rfilename: s.size for s in info.siblings or [] if s.size is not None}
+        # Pinning the resolved commit keeps the listing and the files consistent if the branch moves meanwhile.
+        snapshot_download(source.path, revision=info.sha, local_dir=to, endpoint=endpoint, token=token)
+        # The library trusts its own bookkeeping for files it finished earlier; re-download any whose size
+        # no longer matches (truncated or edited since).
+        for name in _wrong_sizes(to, expected):
+            hf_hub_download(source.path, name, revision=info.sha, local_dir=to, endpoint=endpoint, token=token,
+                            force_download=True)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
+        raise FetchError(f"could not fetch hf://{source.path}@{revision}: {_reason(exc)}") from exc
+    _verify_sizes(to, expected)
+
+
+def _reason(exc: Exception) -> str:
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+    if isinstance(exc, RevisionNotFoundError):
+        return "revision not found"
+    if isinstance(exc, RepositoryNotFoundError):
+        return "repository not found (or no access with this token)"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _wrong_sizes(to: Path, expected: dict[str, int]) -> list[str]:
+    return [name for name, size in expected.items() if _size(to / name) != size]
+
+
+def _size(path: Path) -> int | None:
+    return path.stat().st_size if path.is_file() else None
+
+
+def _verify_sizes(to: Path, expected: dict[str, int]) -> None:
+    for name in _wrong_sizes(to, expected):
+        actual = _size(to / name)
+        raise FetchError(f"{to / name}: expected {expected[name]} bytes, found {'no file' if actual is None else actual}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--uri", required=True, help=URI_FORMS)
+    parser.add_argument("--to", required=True, type=Path, help="local directory to fill")
+    parser.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        fetch(args.uri, args.to, show_progress=not args.no_progress)
+    except BadURIError as exc:
+        print(f"inferfleet-runtime fetch: error: {exc}", file=sys.stderr)
+        return 2
+    except FetchError as exc:
+        print(f"inferfleet-runtime fetch: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Fetched {args.uri} into {args.to}", file=sys.stderr)
+    return 0

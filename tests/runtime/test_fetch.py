@@ -1,0 +1,131 @@
+"""`inferfleet-runtime fetch` from file:// and from hf:// against a local stand-in for the Hub."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from inferfleet_runtime import fetch
+
+from .hub_standin import COMMIT, HubStandIn
+
+REPO = "inferfleet/demo"
+
+
+def run_fetch(uri: str, to) -> int:
+    return fetch.run(argparse.Namespace(uri=uri, to=to, no_progress=True))
+
+
+def model_files(root) -> dict[str, bytes]:
+    # snapshot_download keeps its bookkeeping in .cache/huggingface/ inside the target; that is not the model.
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".cache" not in p.relative_to(root).parts}
+
+
+@pytest.fixture
+def hub(demo_model_dir, monkeypatch):
+    stand_in = HubStandIn(REPO, demo_model_dir)
+    monkeypatch.setenv("HF_ENDPOINT", stand_in.start())
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    yield stand_in
+    stand_in.stop()
+
+
+def file_gets(hub: HubStandIn) -> list[str]:
+    return [r.path.rsplit("/", 1)[-1] for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/model", "hf://just-a-name", "hf://org/name@", "hf://a/b/c",
+                                 "file://otherhost/models/x", "pvc://claim/models/x", "not a uri"])
+def test_bad_uri_exits_2_with_one_readable_line(uri, tmp_path, capsys):
+    assert run_fetch(uri, tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("inferfleet-runtime fetch: error:") and repr(uri) in err
+
+
+def test_uri_forms_parse_to_repo_and_revision():
+    assert fetch.parse_uri("hf://meta-llama/Llama-3.2-1B@v1.0") == fetch.Source("hf", "meta-llama/Llama-3.2-1B", "v1.0")
+    assert fetch.parse_uri("hf://org/name") == fetch.Source("hf", "org/name", None)
+    assert fetch.parse_uri("file:///models/my%20model") == fetch.Source("file", "/models/my model")
+
+
+def test_file_uri_copies_the_directory_and_keeps_complete_files_on_rerun(demo_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert run_fetch(f"file://{demo_model_dir}", out) == 0
+    assert model_files(out) == model_files(demo_model_dir)
+    weights = out / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    (out / "config.json").write_bytes(b"{")  # a truncated file from an interrupted copy is redone
+    assert run_fetch(f"file://{demo_model_dir}", out) == 0
+    assert weights.stat().st_mtime_ns == stamp
+    assert model_files(out) == model_files(demo_model_dir)
+
+
+def test_file_uri_to_a_missing_directory_fails_with_one_line(tmp_path, capsys):
+    assert run_fetch(f"file://{tmp_path}/absent", tmp_path / "out") == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"inferfleet-runtime fetch: error: {tmp_path}/absent is not a directory"
+
+
+def test_hf_uri_downloads_every_file_through_the_endpoint_with_the_token(hub, tmp_path):
+    out = tmp_path / "out"
+    assert run_fetch(f"hf://{REPO}@main", out) == 0
+    assert model_files(out) == hub.files()
+    assert sorted(file_gets(hub)) == sorted(hub.files())
+    api_calls = [r for r in hub.requests if r.path.startswith(f"/api/models/{REPO}")]
+    assert api_calls and all(r.headers.get("authorization") == "Bearer hf_local_test_token" for r in api_calls)
+
+
+def test_hf_uri_at_a_commit_and_at_an_unknown_revision(hub, tmp_path, capsys):
+    assert run_fetch(f"hf://{REPO}@{COMMIT}", tmp_path / "a") == 0
+    assert model_files(tmp_path / "a") == hub.files()
+    capsys.readouterr()
+    assert run_fetch(f"hf://{REPO}@no-such-branch", tmp_path / "b") == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@no-such-branch: revision not found"]
+    assert run_fetch("hf://inferfleet/absent", tmp_path / "c") == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "inferfleet-runtime fetch: error: could not fetch hf://inferfleet/absent@main: repository not found"
+        " (or no access with this token)"]
+
+
+def test_hf_transfer_cut_mid_file_is_retried_to_the_exact_bytes(hub, tmp_path):
+    hub.drop_after_bytes["model.safetensors"] = 100_000
+    out = tmp_path / "out"
+    assert run_fetch(f"hf://{REPO}", out) == 0
+    assert file_gets(hub).count("model.safetensors") == 2
+    assert model_files(out) == hub.files()
+
+
+def test_hf_rerun_after_a_failure_fetches_only_what_is_missing(hub, tmp_path, capsys):
+    hub.fail_gets["model.safetensors"] = 1
+    out = tmp_path / "out"
+    assert run_fetch(f"hf://{REPO}", out) == 1
+    assert "could not fetch" in capsys.readouterr().err
+    assert not (out / "model.safetensors").exists()
+    done_before = set(model_files(out))
+    assert done_before == set(hub.files()) - {"model.safetensors"}
+    hub.requests.clear()
+    assert run_fetch(f"hf://{REPO}", out) == 0
+    assert file_gets(hub) == ["model.safetensors"]  # files finished by the first run are not downloaded again
+    assert model_files(out) == hub.files()
+
+
+def test_cli_dispatches_fetch(demo_model_dir, tmp_path):
+    from inferfleet_runtime.cli import main
+    assert main(["fetch", "--uri", f"file://{demo_model_dir}", "--to", str(tmp_path / "out"), "--no-progress"]) == 0
+    assert (tmp_path / "out" / "model.safetensors").stat().st_size == os.path.getsize(demo_model_dir / "model.safetensors")
+
+
+def test_hf_rerun_repairs_a_file_whose_size_is_wrong(hub, tmp_path):
+    out = tmp_path / "out"
+    assert run_fetch(f"hf://{REPO}", out) == 0
+    with open(out / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    hub.requests.clear()
+    assert run_fetch(f"hf://{REPO}", out) == 0
+    assert file_gets(hub) == ["model.safetensors"]
+    assert model_files(out) == hub.files()
