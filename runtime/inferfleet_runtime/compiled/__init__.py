@@ -1,0 +1,31 @@
+"""Compiled engines: ahead-of-time graphs for a fixed envelope over static KV buffers, served by the same engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .manifest import EngineMismatch, check_compatible, read_manifest
+
+
+def runner_factory(engine_dir: str | Path, config):
+    """make_runner() for the server; checks the manifest first (raises EngineMismatch, a ValueError, on a mismatch)
+    and fits config to the envelope before the engine is built from it."""
+    import torch
+
+    from .runner import CompiledModelRunner, _manifest_device, fit_engine_config
+
+    manifest = read_manifest(engine_dir)
+    device = torch.device(config.device) if config.device else _manifest_device(manifest)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EngineMismatch(f"engine {manifest.engine_key} was built for {manifest.target_architecture}, "
+                             "this machine has no GPU")
+    check_compatible(manifest, device)
+    fit_engine_config(manifest, config)
+
+    def make() -> CompiledModelRunner:
+        return CompiledModelRunner(engine_dir, config, device)
+
+    return make
+
+
+__all__ = ["EngineMismatch", "check_compatible", "read_manifest", "runner_factory"]

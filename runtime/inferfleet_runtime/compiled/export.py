@@ -1,0 +1,133 @@
+"""build_engine: loads a checkpoint, exports one graph per bucket over static KV buffers, writes the engine directory.
+
+Layout of an engine directory:
+    manifest.json          what was built (see manifest.py)
+    model/                 the checkpoint's config and tokenizer files (no weights: those live in the graphs)
+    graphs/decode-b{N}     one graph per decode bucket (batch size N, one new token each)
+    graphs/prefill-l{N}    one graph per prefill bucket (one sequence, a chunk of up to N tokens)
+The directory is written under a temporary name and renamed at the end, so a reader never sees half an engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from inferfleet_runtime.loader import load_model
+
+from .backends import get_backend
+from .envelope import Envelope
+from .manifest import (GraphEntry, Manifest, device_architecture, library_versions, read_manifest,
+                       write_manifest)
+from .step import StaticStep, example_inputs
+
+Progress = Callable[[str, int], None]   # (stage, percent 0..100)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def graph_name(kind: str, bucket: int) -> str:
+    return f"decode-b{bucket}" if kind == "decode" else f"prefill-l{bucket}"
+
+
+def default_engine_key(model_dir: Path, envelope: Envelope, backend: str, architecture: str) -> str:
+    """A content hash over the checkpoint's config and weight sizes, the envelope, the target and the versions."""
+    files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    digest = hashlib.sha256(json.dumps({
+        "config": (model_dir / "config.json").read_text(),
+        "files": [(p.name, p.stat().st_size) for p in files],
+        "envelope": envelope.to_dict(), "backend": backend, "architecture": architecture,
+        "versions": library_versions("aotinductor"),
+    }, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def build_engine(model_dir: Path, out_dir: Path, envelope: Envelope, backend_name: str, device: torch.device,
+                 engine_key: str | None = None, progress: Progress = lambda stage, percent: None) -> Manifest:
+    """Builds the engine into out_dir (kept as is when it already holds an engine with this key)."""
+    backend = get_backend(backend_name)
+    backend.check_available(device)
+    architecture = device_architecture(device)
+    engine_key = engine_key or default_engine_key(model_dir, envelope, backend_name, architecture)
+    if (out_dir / "manifest.json").is_file():
+        existing = read_manifest(out_dir)
+        if existing.engine_key == engine_key:
+            progress("done", 100)
+            return existing
+    started = time.monotonic()
+    progress("load", 0)
+    loaded = load_model(model_dir, dtype=envelope.dtype, device=device, kernels="reference")
+    config = loaded.config
+    if envelope.max_context_length > config.max_position_embeddings:
+        raise ValueError(f"--max-context-length {envelope.max_context_length} exceeds the model's "
+                         f"max_position_embeddings {config.max_position_embeddings}")
+    step = StaticStep(loaded.model, envelope.max_context_length).eval()
+    kv_cache = torch.zeros(kv_cache_shape(config, envelope), dtype=config.dtype, device=device)
+
+    staging = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        manifest = _build_into(staging, model_dir, loaded, step, kv_cache, envelope, backend, backend_name,
+                               architecture, engine_key, started, progress)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(out_dir)
+    progress("done", 100)
+    return manifest
+
+
+def _build_into(staging: Path, model_dir: Path, loaded, step, kv_cache, envelope: Envelope, backend, backend_name: str,
+                architecture: str, engine_key: str, started: float, progress: Progress) -> Manifest:
+    config = loaded.config
+    (staging / "graphs").mkdir(parents=True)
+    _copy_model_files(model_dir, staging / "model")
+    jobs = [("decode", b) for b in envelope.decode_buckets] + [("prefill", b) for b in envelope.prefill_buckets]
+    graphs = []
+    for i, (kind, bucket) in enumerate(jobs):
+        progress(f"export-{graph_name(kind, bucket)}", 5 + 90 * i // len(jobs))
+        rel = f"graphs/{graph_name(kind, bucket)}{backend.FILE_SUFFIX}"
+        backend.build(step, example_inputs(kind, bucket, kv_cache), staging / rel)
+        graphs.append(GraphEntry(kind, bucket, rel, _size(staging / rel)))
+    progress("write", 95)
+    graph_bytes = sum(g.num_bytes for g in graphs)
+    manifest = Manifest(
+        engine_key=engine_key, backend=backend_name, target_architecture=architecture, envelope=envelope,
+        versions=library_versions(backend_name),
+        model={"name": config.name, "vocab_size": config.vocab_size, "num_layers": config.num_layers,
+               "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim,
+               "hidden_size": config.hidden_size, "dtype": str(config.dtype).removeprefix("torch.")},
+        graphs=graphs, build_seconds=round(time.monotonic() - started, 2),
+        sizes={"graph_bytes": graph_bytes, "total_bytes": graph_bytes + _size(staging / "model"),
+               "kv_cache_bytes": kv_cache.numel() * kv_cache.element_size()},
+    )
+    write_manifest(staging, manifest)
+    return manifest
+
+
+def kv_cache_shape(config, envelope: Envelope) -> tuple[int, ...]:
+    """[num_layers, 2 (K, V), max_batch_size slots, max_context_length, num_kv_heads, head_dim]."""
+    return (config.num_layers, 2, envelope.max_batch_size, envelope.max_context_length,
+            config.num_kv_heads, config.head_dim)
+
+
+def _copy_model_files(model_dir: Path, dest: Path) -> None:
+    dest.mkdir()
+    for path in model_dir.iterdir():
+        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.name != "model.safetensors.index.json":
+            shutil.copy2(path, dest / path.name)
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

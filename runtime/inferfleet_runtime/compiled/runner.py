@@ -1,0 +1,173 @@
+"""CompiledModelRunner: the engine's runner interface over a compiled engine's bucket graphs and static KV slots.
+
+Each running sequence owns one slot of the static KV buffer for its whole life; the scheduler and
+block manager still decide what runs (their blocks only count capacity: max_batch_size sequences of
+max_context_length tokens). Per step, one-token rows go through the smallest decode graph that holds
+them (padded), longer rows (prompt chunks) one at a time through the smallest prefill graph that holds
+each piece; the graphs return the new K/V and this module writes them into the slots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from inferfleet_runtime.config import ModelConfig
+from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.sampling import Sampler
+from inferfleet_runtime.scheduler import ScheduledBatch
+from inferfleet_runtime.sequence import Logprob, Sequence, SequenceStatus
+from inferfleet_runtime.tokenizer import Tokenizer
+
+from .backends import get_backend
+from .envelope import bucket_for
+from .export import kv_cache_shape
+from .manifest import Manifest, check_compatible, read_manifest
+
+
+class CompiledModelRunner:
+    def __init__(self, engine_dir: str | Path, config: EngineConfig, device: torch.device | None = None,
+                 model_name: str | None = None):
+        engine_dir = Path(engine_dir)
+        self.manifest: Manifest = read_manifest(engine_dir)
+        self.device = device or _manifest_device(self.manifest)
+        check_compatible(self.manifest, self.device)
+        envelope = self.manifest.envelope
+        self.envelope = envelope
+        model_config = ModelConfig.from_dir(engine_dir / "model", dtype=envelope.dtype)
+        self.tokenizer = Tokenizer.from_dir(engine_dir / "model", extra_eos_token_ids=model_config.eos_token_ids)
+        self.model_name = model_name or model_config.name
+        self.eos_token_ids = list(model_config.eos_token_ids or self.tokenizer.eos_token_ids)
+        self.vocab_size = model_config.vocab_size
+        self.max_position_embeddings = envelope.max_context_length
+        self.block_size = config.block_size
+        # Exactly the slots' capacity, so the scheduler never runs more than the envelope holds.
+        self.num_kv_blocks = envelope.max_batch_size * -(-envelope.max_context_length // self.block_size)
+        backend = get_backend(self.manifest.backend)
+        self.graphs = {(g.kind, g.bucket): backend.load(engine_dir / g.file, self.device)
+                       for g in self.manifest.graphs}
+        self.kv_cache = torch.zeros(kv_cache_shape(model_config, envelope), dtype=model_config.dtype,
+                                    device=self.device)
+        self.sampler = Sampler(self.device, seed=config.seed)
+        self._slot_of: dict[int, int] = {}          # seq_id -> slot
+        self._seq_in: dict[int, Sequence] = {}      # slot -> sequence holding it
+        self._free_slots = list(range(envelope.max_batch_size - 1, -1, -1))
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[tuple[int, Logprob | None] | None]:
+        if batch.is_empty:
+            return []
+        self._release_done_slots()
+        for seq in batch.seqs:
+            self._claim_slot(seq)
+        logits_of: dict[int, torch.Tensor] = {}     # index in batch -> logits [vocab]
+        decode_rows = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
+        largest = self.envelope.decode_buckets[-1]
+        for start in range(0, len(decode_rows), largest):
+            rows = decode_rows[start:start + largest]
+            logits = self._run_decode([batch.seqs[i] for i in rows])
+            logits_of.update(zip(rows, logits))
+        for i, n in enumerate(batch.num_new_tokens):
+            if n > 1:
+                logits_of[i] = self._run_prefill(batch.seqs[i], n)
+        rows = [i for i in range(len(batch.seqs)) if batch.samples(i)]
+        results: list[tuple[int, Logprob | None] | None] = [None] * len(batch.seqs)
+        if rows:
+            logits = torch.stack([logits_of[i] for i in rows])   # [num_rows, vocab] float32
+            for i, sample in zip(rows, self.sampler.sample(logits, [batch.seqs[i] for i in rows])):
+                results[i] = sample
+        return results
+
+    # -- graphs -------------------------------------------------------------------------------------
+    def _run_decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One new token for each seq (at most the largest decode bucket); logits [len(seqs), vocab]."""
+        num = len(seqs)
+        bucket = bucket_for(self.envelope.decode_buckets, num)
+        pad = bucket - num
+        # Padding rows read slot 0 at position 0 and are dropped; their K/V are never stored.
+        tokens = [seq.token_ids[seq.num_computed_tokens] for seq in seqs] + [0] * pad
+        starts = [seq.num_computed_tokens for seq in seqs] + [0] * pad
+        slots = [self._slot_of[seq.seq_id] for seq in seqs] + [0] * pad
+        dev = self.device
+        starts_t = torch.tensor(starts, dtype=torch.int64, device=dev)
+        slots_t = torch.tensor(slots, dtype=torch.int64, device=dev)
+        logits, new_kv = self.graphs["decode", bucket](
+            torch.tensor(tokens, dtype=torch.int64, device=dev).view(bucket, 1), starts_t,
+            torch.ones(bucket, dtype=torch.int64, device=dev), slots_t, self.kv_cache)
+        self.kv_cache[:, :, slots_t[:num], starts_t[:num]] = new_kv[:, :, :num, 0]
+        return logits[:num]
+
+    def _run_prefill(self, seq: Sequence, num_new: int) -> torch.Tensor:
+        """num_new tokens of seq from its first uncomputed one, in pieces of at most the largest prefill bucket;
+        the logits [vocab] after the last."""
+        slot = self._slot_of[seq.seq_id]
+        dev = self.device
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+        largest = self.envelope.prefill_buckets[-1]
+        logits = None
+        while start < end:
+            n = min(end - start, largest)
+            bucket = bucket_for(self.envelope.prefill_buckets, n)
+            tokens = seq.token_ids[start:start + n] + [0] * (bucket - n)
+            out, new_kv = self.graphs["prefill", bucket](
+                torch.tensor(tokens, dtype=torch.int64, device=dev).view(1, bucket),
+                torch.tensor([start], dtype=torch.int64, device=dev),
+                torch.tensor([n], dtype=torch.int64, device=dev),
+                torch.tensor([slot], dtype=torch.int64, device=dev), self.kv_cache)
+            self.kv_cache[:, :, slot, start:start + n] = new_kv[:, :, 0, :n]
+            logits = out[0]
+            start += n
+        return logits
+
+    # -- slots --------------------------------------------------------------------------------------
+    def _release_done_slots(self) -> None:
+        # Finished sequences are gone; preempted ones are back to waiting and will be recomputed from 0.
+        for slot, seq in list(self._seq_in.items()):
+            if seq.status is SequenceStatus.FINISHED or seq.status is SequenceStatus.WAITING:
+                del self._seq_in[slot], self._slot_of[seq.seq_id]
+                self._free_slots.append(slot)
+
+    def _claim_slot(self, seq: Sequence) -> None:
+        if seq.seq_id in self._slot_of:
+            return
+        if not self._free_slots:
+            raise RuntimeError(f"no free KV slot: more than max_batch_size={self.envelope.max_batch_size} "
+                               "sequences are running (the engine config must cap max_num_seqs)")
+        slot = self._free_slots.pop()
+        self._slot_of[seq.seq_id], self._seq_in[slot] = slot, seq
+        if seq.num_computed_tokens:
+            self._copy_shared_prefix(seq, slot)
+
+    def _copy_shared_prefix(self, seq: Sequence, slot: int) -> None:
+        """A choice forked from its parent (n > 1) starts with the parent's computed prompt: copy those K/V."""
+        n = seq.num_computed_tokens
+        for parent_slot, parent in self._seq_in.items():
+            if (parent is not seq and parent.request_id == seq.request_id and parent.num_computed_tokens >= n
+                    and parent.token_ids[:n] == seq.token_ids[:n]):
+                self.kv_cache[:, :, slot, :n] = self.kv_cache[:, :, parent_slot, :n]
+                return
+        raise RuntimeError(f"sequence {seq.seq_id} arrived with {n} computed tokens that no slot holds "
+                           "(compiled engines run without prefix caching)")
+
+
+def fit_engine_config(manifest: Manifest, config: EngineConfig) -> None:
+    """Clamps the serving config (in place: the server builds its engine from this object) to the envelope:
+    batch cap, context limit, and no prefix caching (KV lives per slot, not in shareable blocks)."""
+    envelope = manifest.envelope
+    config.max_num_seqs = min(config.max_num_seqs, envelope.max_batch_size)
+    config.max_model_len = min(config.max_model_len or envelope.max_context_length, envelope.max_context_length)
+    config.enable_prefix_caching = False
+    config.num_kv_blocks, config.kv_cache_memory = None, None
+
+
+def _manifest_device(manifest: Manifest) -> torch.device:
+    return torch.device("cpu" if manifest.target_architecture.startswith("cpu-") else "cuda")
+
+
+def make_compiled_engine(engine_dir: str | Path, config: EngineConfig | None = None, device: torch.device | None = None):
+    """An LLMEngine over a compiled engine directory (offline use, benchmarks, tests)."""
+    from inferfleet_runtime.engine import LLMEngine
+    config = config or EngineConfig()
+    fit_engine_config(read_manifest(engine_dir), config)
+    return LLMEngine(CompiledModelRunner(engine_dir, config, device), config)
