@@ -66,6 +66,19 @@ class PoolServing:
 # ------------------------------------------------------------------ pod pieces
 
 
+# The root filesystem is read-only: every cache (Triton kernels, Hugging Face, Python) goes to the /tmp emptyDir.
+WRITABLE_ENV = [
+    {"name": "HOME", "value": "/tmp"},
+    {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
+    {"name": "HF_HOME", "value": "/tmp/cache/huggingface"},
+    {"name": "TRITON_CACHE_DIR", "value": "/tmp/cache/triton"},
+]
+
+
+def _env() -> list[dict]:
+    return [dict(item) for item in WRITABLE_ENV]
+
+
 def _pod_security() -> dict:
     return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -109,6 +122,7 @@ def _fetch_container(image: str, args: list[str], settings: PlanSettings) -> dic
         "image": image,
         "command": ["inferfleet-runtime"],
         "args": args,
+        "env": _env(),
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "model", "mountPath": settings.model_mount}, {"name": "tmp", "mountPath": "/tmp"}],
@@ -172,6 +186,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         "image": image,
         "command": ["inferfleet-runtime"],
         "args": args,
+        "env": _env(),
         "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, "limits": limits},
         # Loading weights can take minutes: the startup probe holds liveness off for up to 20 minutes.
@@ -274,6 +289,7 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         "image": spec.compile_image,
         "command": ["inferfleet-runtime"],
         "args": args,
+        "env": _env(),
         "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": limits},
         "securityContext": _container_security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -114,3 +114,12 @@ def test_long_names_are_bounded_and_distinct():
     a = m.deployment_name("s" * 60, "nvidia-h100-80gb-hbm3")
     b = m.deployment_name("s" * 60, "nvidia-h200")
     assert len(a) <= 63 and len(b) <= 63 and a != b
+
+
+def test_every_container_keeps_its_caches_on_the_writable_tmp_volume():
+    pods = [d["spec"]["template"]["spec"] for d in DEPLOYMENTS] + [v["spec"]["template"]["spec"] for k, v in SCENARIO.items() if k.startswith("job-")]
+    for pod in pods:
+        for container in pod["containers"] + pod.get("initContainers", []):
+            env = {e["name"]: e["value"] for e in container["env"]}
+            assert env["HOME"] == "/tmp" and env["TRITON_CACHE_DIR"].startswith("/tmp/")
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
