@@ -7,7 +7,6 @@ def rule(expression: str, message: str, **extra) -> dict:
     return {"rule": expression, "message": message, **extra}
 
 
-
 def string(description: str, default=None, enum=None, pattern=None, max_length=None, rules=None) -> dict:
     out = {"type": "string", "description": description}
     if enum is not None:
