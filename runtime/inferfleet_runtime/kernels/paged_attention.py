@@ -14,7 +14,8 @@ Layouts:
     query_start_loc  [num_seqs + 1] int32 or None (None means decode)
     out              like query
 Memory traffic: each sequence's K and V are read once per kv head and query tile (2 * seq_len *
-Hkv * D elements for decode), plus q and out; decode is bound by reading the cache.
+Hkv * D elements for decode), plus q and out; decode is bound by reading the cache. The split-KV
+path adds num_partitions * Hq * (D + 2) float32 partials per sequence, written once and read once.
 
 Kernel design (written for this project from the published flash-attention / flash-decoding
 algorithms and the PagedAttention block-table layout):

@@ -186,3 +186,19 @@ def test_plan_does_not_split_a_large_decode_batch_or_prefill():
                                       max_query_len=4096, max_seq_len=4096, is_decode=False, num_sms=132)
     assert not big_batch.is_split and not prefill.is_split
     assert prefill.num_q_tiles * prefill.block_q >= 4096
+
+
+def test_rejects_a_plan_that_does_not_cover_the_context():
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([40], 8, 2, 16, torch.float32)
+    plan = pa.plan_paged_attention(num_seqs=1, num_q_heads=2, num_kv_heads=2, head_dim=16, max_query_len=1,
+                                   max_seq_len=20, is_decode=True, num_splits=1)
+    with pytest.raises(ValueError, match="inconsistent attention plan"):
+        pa.paged_attention(torch.randn(1, 2, 16), key_cache, value_cache, block_tables, seq_lens, 0.25, plan=plan)
+
+
+def test_empty_batch_gives_empty_output():
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([4], 8, 2, 16, torch.float32)
+    starts = torch.zeros(2, dtype=torch.int32)
+    out = pa.paged_attention(torch.randn(0, 2, 16), key_cache, value_cache, block_tables, seq_lens, 0.25,
+                             query_start_loc=starts, max_query_len=0)
+    assert out.shape == (0, 2, 16)
