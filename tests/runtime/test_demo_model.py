@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -55,9 +55,20 @@ def test_ensure_trains_once_into_a_recipe_keyed_cache(tmp_path):
     assert demo_model.recipe_hash(other) != demo_model.recipe_hash(TINY_RECIPE)
 
 
+def test_concurrent_callers_train_once(tmp_path, monkeypatch):
+    calls = []
+    train = demo_model.train_demo_model
+    monkeypatch.setattr(demo_model, "train_demo_model", lambda out, recipe: (calls.append(out), train(out, recipe)))
+    with ThreadPoolExecutor(3) as pool:
+        paths = list(pool.map(lambda _: demo_model.ensure_demo_model(TINY_RECIPE, root=tmp_path), range(3)))
+    assert len(set(paths)) == 1 and len(calls) == 1
+    assert (paths[0] / "model.safetensors").is_file()
+
+
 def test_cli_writes_a_hugging_face_checkpoint(demo_model_dir, tmp_path):
+    from inferfleet_runtime.cli import main
     out = tmp_path / "demo"
-    assert demo_model.run(argparse.Namespace(out=out)) == 0
+    assert main(["demo-model", "--out", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "generation_config.json"} <= names

@@ -129,3 +129,12 @@ def test_hf_rerun_repairs_a_file_whose_size_is_wrong(hub, tmp_path):
     assert run_fetch(f"hf://{REPO}", out) == 0
     assert file_gets(hub) == ["model.safetensors"]
     assert model_files(out) == hub.files()
+
+
+def test_progress_bars_go_to_stderr(demo_model_dir, hub, tmp_path, capfd):
+    fetch.fetch(f"file://{demo_model_dir}", tmp_path / "a", show_progress=True)
+    captured = capfd.readouterr()
+    assert f"Copying {demo_model_dir.name}" in captured.err and "100%" in captured.err and captured.out == ""
+    fetch.fetch(f"hf://{REPO}", tmp_path / "b", show_progress=True)
+    captured = capfd.readouterr()
+    assert "Fetching 5 files" in captured.err and captured.out == ""

@@ -86,12 +86,21 @@ def test_old_and_new_rope_config_forms_agree():
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
     ({"torch_dtype": "float64"}, "dtype 'float64' is not supported"),
+    ({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768},
+     "sliding-window attention \\(sliding_window=4096\\) is not supported"),
 ])
 def test_unsupported_configs_are_refused_with_a_reason(change, message):
     hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 32,
           "num_hidden_layers": 1, "num_attention_heads": 4, **change}
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_hf(hf)
+
+
+def test_mistral_without_a_sliding_window_reads_as_llama():
+    hf = {"vocab_size": 10, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 1,
+          "num_attention_heads": 4, "num_key_value_heads": 1, "rope_theta": 1e6}
+    mistral = ModelConfig.from_hf({**hf, "model_type": "mistral", "sliding_window": None})
+    assert mistral == ModelConfig.from_hf({**hf, "model_type": "llama"})
 
 
 def test_eos_ids_merge_config_generation_config_and_tokenizer(gqa_dir, tmp_path):
@@ -143,3 +152,21 @@ def test_pick_device_prefers_what_is_asked_and_refuses_what_is_absent():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="not available"):
             pick_device("cuda")
+
+
+@pytest.mark.parametrize("has_cuda, hip, has_xpu, expected", [
+    (True, None, True, ("cuda", "nvidia")),
+    (True, "6.2", False, ("cuda", "amd")),  # ROCm builds of torch expose AMD GPUs as cuda
+    (False, None, True, ("xpu", "intel")),
+    (False, None, False, ("cpu", "cpu")),
+])
+def test_pick_device_order_is_cuda_then_xpu_then_cpu(monkeypatch, has_cuda, hip, has_xpu, expected):
+    from inferfleet_runtime import device as device_module
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: has_cuda)
+    monkeypatch.setattr(torch.version, "hip", hip, raising=False)
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: has_xpu)
+    elif has_xpu:
+        pytest.skip("this torch build has no torch.xpu")
+    picked = pick_device()
+    assert (picked.type, device_module.vendor(picked)) == expected
