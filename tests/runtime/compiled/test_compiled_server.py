@@ -1,0 +1,101 @@
+"""`serve --engine-dir`: the real server over a compiled engine, its envelope refusals, and manifest refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from inferfleet_runtime import compiled
+from inferfleet_runtime.cli import main
+from inferfleet_runtime.engine import LLMEngine
+from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.sampling import SamplingParams
+
+from ..server_harness import running_server
+
+pytestmark = pytest.mark.slow
+
+MODEL = "inferfleet-demo"
+PROMPTS = ["Beautiful is better than", "Explicit is", "Readability", "Errors should never pass silently. Unless"]
+
+
+@pytest.fixture(scope="module")
+def server(compiled_demo_engine):
+    config = EngineConfig()   # the serve defaults (64 sequences, prefix caching): fitted to the envelope
+    with running_server(compiled.runner_factory(compiled_demo_engine, config), config, MODEL) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def paged_texts(demo_model_dir):
+    engine = LLMEngine.from_model_dir(demo_model_dir, EngineConfig())
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10))
+    return [out.outputs[0].text for out in outs]
+
+
+def test_concurrent_completions_equal_the_paged_engine(client, paged_texts):
+    def complete(prompt):
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        texts = list(pool.map(complete, PROMPTS))
+    assert texts == paged_texts
+    assert complete(PROMPTS[0]) == paged_texts[0]   # alone: the smallest decode bucket
+
+
+def test_streamed_completion_equals_the_paged_engine(client, paged_texts):
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=10, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == paged_texts[1]
+
+
+def test_request_beyond_the_context_envelope_gets_400(server):
+    r = httpx.post(f"{server.base_url}/v1/completions",
+                   json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 60}, timeout=30)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "maximum context length is 64 tokens" in error["message"]
+
+
+def test_prompt_that_fills_the_envelope_gets_400(server):
+    long_prompt = " ".join(["Beautiful is better than ugly."] * 20)
+    r = httpx.post(f"{server.base_url}/v1/completions", json={"model": MODEL, "prompt": long_prompt}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_metrics_report_the_envelope_as_kv_capacity(server, client):
+    client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=2, temperature=0)
+    assert server.engine.block_manager.num_blocks == 16    # 4 slots x 64 tokens in blocks of 16
+    assert server.engine.scheduler.max_num_seqs == 4
+    assert httpx.get(f"{server.base_url}/metrics").status_code == 200
+
+
+def _copy_with_manifest(engine_dir, dest, **changes):
+    dest.mkdir()
+    manifest = json.loads((engine_dir / "manifest.json").read_text())
+    for key, value in changes.items():
+        manifest[key] = value
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copytree(engine_dir / "model", dest / "model")
+    return dest
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"target_architecture": "sm90"}, "was built for sm90, this machine has no GPU"),
+    ({"target_architecture": "cpu-riscv64"}, "was built for cpu-riscv64, this machine is cpu-"),
+    ({"versions": {"torch": "2.0.0", "inferfleet": "0.1.0"}}, "was built with torch 2.0.0, this runtime has torch"),
+])
+def test_serve_refuses_a_mismatched_engine_with_one_line(compiled_demo_engine, tmp_path, capsys, changes, message):
+    engine_dir = _copy_with_manifest(compiled_demo_engine, tmp_path / "engine", **changes)
+    code = main(["serve", "--engine-dir", str(engine_dir), "--port", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1
