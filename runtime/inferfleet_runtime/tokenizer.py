@@ -53,12 +53,17 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-        """The prompt text for a conversation, rendered as transformers' apply_chat_template(tokenize=False) does."""
+        """The prompt text for a conversation, rendered as transformers' apply_chat_template(tokenize=False) does.
+
+        Raises TokenizerError when the model has no template or the template rejects the messages."""
         if self._template is None:
             raise TokenizerError("this model has no chat template")
         context = {key: value for key, value in self.special_tokens.items() if value is not None}
         context.update(kwargs)
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
+        except jinja2.TemplateError as exc:  # raised by the template itself, e.g. roles out of order
+            raise TokenizerError(f"chat template: {exc}") from exc
 
 
 def _token_text(value) -> str | None:

@@ -13,7 +13,7 @@ from inferfleet_runtime.attention import build_attention_metadata
 from inferfleet_runtime.config import ConfigError, ModelConfig
 from inferfleet_runtime.device import pick_device
 from inferfleet_runtime.loader import CheckpointError, load_model
-from inferfleet_runtime.tokenizer import Tokenizer
+from inferfleet_runtime.tokenizer import Tokenizer, TokenizerError
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 8, 200]
 
@@ -170,3 +170,53 @@ def test_pick_device_order_is_cuda_then_xpu_then_cpu(monkeypatch, has_cuda, hip,
         pytest.skip("this torch build has no torch.xpu")
     picked = pick_device()
     assert (picked.type, device_module.vendor(picked)) == expected
+
+
+# Templates in the shapes real checkpoints use: a system preamble taken out of the list, alternation
+# checked with raise_exception, tojson, whitespace control, namespace() and loop variables.
+TEMPLATES = {
+    "system-preamble": (
+        "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+        "{% set messages = messages[1:] %}{% else %}{% set system = 'You are helpful.' %}{% endif %}"
+        "<<SYS>>{{ system | trim }}<</SYS>>\n"
+        "{% for message in messages %}"
+        "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+        "{% if message['role'] == 'user' %}[INST] {{ message['content'] | trim }} [/INST]"
+        "{% else %} {{ message['content'] | trim }}{{ eos_token }}{% endif %}"
+        "{% endfor %}"),
+    "header-blocks": (
+        "{% set ns = namespace(count=0) %}{{ bos_token }}"
+        "{%- for message in messages %}\n"
+        "    {%- set ns.count = ns.count + 1 %}\n"
+        "    {{- '<|start|>' + message['role'] + '<|sep|>\\n\\n' + message['content'] | trim + '<|stop|>' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|start|>assistant<|sep|>\\n\\n' }}{% endif %}"
+        "{{- '' if ns.count else 'empty' }}"),
+    "json-content": (
+        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] | tojson }}"
+        "{% if not loop.last %}\n{% endif %}{% endfor %}"),
+}
+CONVERSATION = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Zen, ünïcode?"},
+                {"role": "assistant", "content": "Flat is better than nested. "}, {"role": "user", "content": "More"}]
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_real_world_template_shapes_render_as_transformers_does(gqa_dir, tmp_path, name):
+    from transformers import AutoTokenizer
+    model_dir = tmp_path / name
+    shutil.copytree(gqa_dir, model_dir)
+    (model_dir / "chat_template.jinja").write_text(TEMPLATES[name])
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    ours = Tokenizer.from_dir(model_dir)
+    for add in (True, False):
+        expected = hf.apply_chat_template(CONVERSATION, add_generation_prompt=add, tokenize=False)
+        assert ours.apply_chat_template(CONVERSATION, add_generation_prompt=add) == expected
+
+
+def test_template_errors_surface_as_exceptions(gqa_dir, tmp_path):
+    model_dir = tmp_path / "strict"
+    shutil.copytree(gqa_dir, model_dir)
+    (model_dir / "chat_template.jinja").write_text(TEMPLATES["system-preamble"])
+    with pytest.raises(TokenizerError, match="chat template: Conversation roles must alternate"):
+        Tokenizer.from_dir(model_dir).apply_chat_template([{"role": "assistant", "content": "hi"}])
