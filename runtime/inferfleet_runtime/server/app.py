@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from inferfleet_runtime.engine import CompletionOutput, RequestOutput
 from inferfleet_runtime.metrics import ServerMetrics
+from inferfleet_runtime.server.formats import ChatFormat, CompletionFormat, usage
 from inferfleet_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
             raise APIError(400, "echo is not supported", param="echo")
         prompt_ids = [_encode(engine, p) for p in body.prompts()]
         params = _params(body.sampling_params, body.max_tokens, body.logprobs)
-        return await _respond(engine, request, body, prompt_ids, params, _CompletionFormat(state, engine))
+        return await _respond(engine, request, body, prompt_ids, params, CompletionFormat(state.served_model_name, engine.engine.tokenizer))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -113,7 +114,7 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
                            param="messages") from exc
         prompt_ids = [tokenizer.encode(text, add_special_tokens=False)]
         params = _params(body.sampling_params, body.resolved_max_tokens, body.num_logprobs)
-        return await _respond(engine, request, body, prompt_ids, params, _ChatFormat(state, engine))
+        return await _respond(engine, request, body, prompt_ids, params, ChatFormat(state.served_model_name, engine.engine.tokenizer))
 
     return app
 
@@ -202,7 +203,12 @@ async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list
             await collect
         return Response(status_code=499)
     watcher.cancel()
-    choices, num_prompt, num_completion = collect.result()
+    try:
+        choices, num_prompt, num_completion = collect.result()
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc), "ServiceUnavailable") from exc
+    except ValueError as exc:      # refused by the engine itself
+        raise APIError(400, str(exc)) from exc
     return fmt.response(request_id, choices, num_prompt, num_completion)
 
 
@@ -275,8 +281,8 @@ async def _sse(fmt, request_id: str, merged, include_usage: bool, n: int) -> Asy
         yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
     else:
         if include_usage:
-            usage = _usage(sum(num_prompt.values()), num_completion)
-            yield f"data: {json.dumps(fmt.usage_chunk(request_id, usage))}\n\n"
+            totals = usage(sum(num_prompt.values()), num_completion)
+            yield f"data: {json.dumps(fmt.usage_chunk(request_id, totals))}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -284,85 +290,3 @@ def _event(chunk: dict, include_usage: bool) -> str:
     if include_usage:
         chunk["usage"] = None
     return f"data: {json.dumps(chunk)}\n\n"
-
-
-def _usage(num_prompt: int, num_completion: int) -> dict:
-    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion, "total_tokens": num_prompt + num_completion}
-
-
-class _CompletionFormat:
-    id_prefix = "cmpl"
-
-    def __init__(self, state: ServerState, engine: AsyncEngine):
-        self.model = state.served_model_name
-        self.tokenizer = engine.engine.tokenizer
-
-    def _base(self, request_id: str, obj: str) -> dict:
-        return {"id": request_id, "object": obj, "created": int(time.time()), "model": self.model}
-
-    def _logprobs(self, choice: CompletionOutput, text_offset: int = 0):
-        if not choice.logprobs:
-            return None
-        tokens, offsets = [], []
-        for lp in choice.logprobs:
-            offsets.append(text_offset)
-            tokens.append(self.tokenizer.decode([lp.token_id], skip_special_tokens=False))
-            text_offset += len(tokens[-1])
-        return {
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in choice.logprobs],
-            "top_logprobs": [{self.tokenizer.decode([t], skip_special_tokens=False): v for t, v in lp.top}
-                             for lp in choice.logprobs],
-            "text_offset": offsets,
-        }
-
-    def first_chunk(self, request_id: str, index: int):
-        return None
-
-    def chunk(self, request_id: str, index: int, delta: CompletionOutput) -> dict:
-        return {**self._base(request_id, "text_completion"),
-                "choices": [{"index": index, "text": delta.text, "logprobs": self._logprobs(delta),
-                             "finish_reason": delta.finish_reason}]}
-
-    def usage_chunk(self, request_id: str, usage: dict) -> dict:
-        return {**self._base(request_id, "text_completion"), "choices": [], "usage": usage}
-
-    def response(self, request_id: str, choices: list[CompletionOutput], num_prompt: int, num_completion: int):
-        return {**self._base(request_id, "text_completion"),
-                "choices": [{"index": c.index, "text": c.text, "logprobs": self._logprobs(c),
-                             "finish_reason": c.finish_reason} for c in choices],
-                "usage": _usage(num_prompt, num_completion)}
-
-
-class _ChatFormat(_CompletionFormat):
-    id_prefix = "chatcmpl"
-
-    def _entry(self, token_id: int, logprob: float) -> dict:
-        token = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-
-    def _logprobs(self, choice: CompletionOutput, text_offset: int = 0):
-        if not choice.logprobs:
-            return None
-        return {"content": [{**self._entry(lp.token_id, lp.logprob),
-                             "top_logprobs": [self._entry(t, v) for t, v in lp.top]} for lp in choice.logprobs]}
-
-    def first_chunk(self, request_id: str, index: int) -> dict:
-        return {**self._base(request_id, "chat.completion.chunk"),
-                "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}]}
-
-    def chunk(self, request_id: str, index: int, delta: CompletionOutput) -> dict:
-        content = {"content": delta.text} if delta.text else {}
-        return {**self._base(request_id, "chat.completion.chunk"),
-                "choices": [{"index": index, "delta": content, "logprobs": self._logprobs(delta),
-                             "finish_reason": delta.finish_reason}]}
-
-    def usage_chunk(self, request_id: str, usage: dict) -> dict:
-        return {**self._base(request_id, "chat.completion.chunk"), "choices": [], "usage": usage}
-
-    def response(self, request_id: str, choices: list[CompletionOutput], num_prompt: int, num_completion: int):
-        return {**self._base(request_id, "chat.completion"),
-                "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": self._logprobs(c), "finish_reason": c.finish_reason} for c in choices],
-                "usage": _usage(num_prompt, num_completion)}

@@ -80,7 +80,7 @@ def serve(make_runner, config: EngineConfig, served_model_name: str, host: str, 
     """Starts uvicorn at once (/health answers, /ready says 503) and loads the model in the background."""
     import uvicorn
 
-    from inferfleet_runtime.server.app import ServerState, create_app
+    from inferfleet_runtime.server.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state, load = build_state(make_runner, config, served_model_name)
