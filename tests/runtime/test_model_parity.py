@@ -16,8 +16,8 @@ CONFIGS = {
         num_attention_heads=4, num_key_value_heads=1, hidden_size=128, rope_theta=500000.0,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 16}),
-    "linear-rope-bias": dict(num_key_value_heads=2, rope_scaling={"rope_type": "linear", "factor": 2.0},
-                             attention_bias=True, mlp_bias=True),
+    "linear-rope-bias-wide-heads": dict(num_key_value_heads=2, head_dim=32, attention_bias=True, mlp_bias=True,
+                                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
 }
 PROMPT_LENGTHS = [1, 3, 8, 13, 22]
 NUM_NEW_TOKENS = 10
