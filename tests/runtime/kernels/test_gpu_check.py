@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 from inferfleet_runtime.kernels import activation, gpu_check
@@ -19,3 +24,18 @@ def test_check_accepts_a_matching_kernel_and_rejects_a_wrong_one():
     wrong = gpu_check.Case("silu", lambda: activation.silu_and_mul(x) * 1.01, lambda: activation.silu_and_mul_reference(x), 1)
     assert gpu_check.check(right, torch.float32)[0]
     assert not gpu_check.check(wrong, torch.float32)[0]
+
+
+@pytest.mark.slow
+def test_harness_runs_end_to_end_on_tiny_cpu_shapes():
+    # The GPU check has not run on a GPU; this runs its whole harness (cases, checks, timing, table)
+    # through the interpreter so that the script itself is known to work.
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "inferfleet_runtime.kernels.gpu_check", "--cpu-smoke", "--dtype", "float16"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if " yes " in line]
+    names = " ".join(rows)
+    for kernel in ("rms_norm+residual", "silu_and_mul", "rotary", "write_kv", "paged decode", "paged prefill"):
+        assert kernel in names, result.stdout
+    assert "all checks passed" in result.stdout
