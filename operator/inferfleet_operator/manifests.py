@@ -141,11 +141,23 @@ def _node_affinity(pool: Pool) -> dict:
 
 
 def _envelope_args(envelope) -> list[str]:
+    """The envelope as `inferfleet-runtime compile` spells it."""
     return [
         "--max-context-length", str(envelope.max_context_length),
         "--max-batch-size", str(envelope.max_batch_size),
         "--dtype", envelope.dtype,
         "--tensor-parallel-size", str(envelope.tensor_parallel_size),
+        "--block-size", str(envelope.block_size),
+    ]  # fmt: skip
+
+
+def _serve_limit_args(envelope) -> list[str]:
+    """The envelope as `inferfleet-runtime serve` (paged) spells it. The paged runtime has no tensor-parallel
+    flag yet: tensor_parallel_size is not passed (a paged replica runs on one device)."""
+    return [
+        "--max-model-len", str(envelope.max_context_length),
+        "--max-num-seqs", str(envelope.max_batch_size),
+        "--dtype", envelope.dtype,
         "--block-size", str(envelope.block_size),
     ]  # fmt: skip
 
@@ -173,7 +185,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         mounts.append({"name": "engines", "mountPath": settings.engine_cache_mount, "readOnly": True})
     else:
         model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings)
-        args = ["serve", "--model", model_dir, "--engine", "paged"] + _envelope_args(spec.engine)
+        args = ["serve", "--model", model_dir, "--engine", "paged"] + _serve_limit_args(spec.engine)
         volumes.append(volume)
         mounts.append({"name": "model", "mountPath": settings.model_mount, "readOnly": True})
         init_containers = [_fetch_container(image, a, settings) for a in fetches]
