@@ -24,6 +24,7 @@ SAMPLING = [
     SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
     SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=10, ignore_eos=True),
     SamplingParams(temperature=0.8, top_k=20, seed=3, max_tokens=8, frequency_penalty=0.5),
+    SamplingParams(temperature=1.2, seed=5, n=3, max_tokens=6, ignore_eos=True),
 ]
 
 
@@ -41,10 +42,10 @@ def make_engine(loaded, **config) -> LLMEngine:
 def reference(loaded):
     """Each (prompt, sampling) generated alone, with room to spare and no prefix caching."""
     @functools.cache
-    def generate(prompt_index: int, sampling_index: int) -> tuple[list[int], str]:
+    def generate(prompt_index: int, sampling_index: int) -> list[list[int]]:
         engine = make_engine(loaded, num_kv_blocks=256, enable_prefix_caching=False)
         [out] = engine.generate([PROMPTS[prompt_index]], SAMPLING[sampling_index])
-        return out.outputs[0].token_ids, out.outputs[0].text
+        return [choice.token_ids for choice in out.outputs]
     return generate
 
 
@@ -77,28 +78,39 @@ def test_outputs_equal_the_unbatched_reference_under_any_schedule(loaded, refere
                                                                    caching, max_num_seqs):
     engine = make_engine(loaded, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=budget,
                          enable_prefix_caching=caching, max_num_seqs=max_num_seqs)
-    tokens: dict[str, list[int]] = {}
-    reasons: dict[str, str] = {}
+    tokens: dict[tuple[str, int], list[int]] = {}
+    aborted = set()
     for i, (p, s, _) in enumerate(reqs):
         engine.add_request(f"r{i}", PROMPTS[p], SAMPLING[s])
-        tokens[f"r{i}"] = []
     step = 0
     while engine.has_unfinished_requests():
         for i, (_, _, abort_at) in enumerate(reqs):
             if abort_at == step and engine.abort_request(f"r{i}"):
-                reasons[f"r{i}"] = "abort"
+                aborted.add(f"r{i}")
         for out in engine.step():
             for delta in out.outputs:
-                tokens[out.request_id] += delta.token_ids
-                if delta.finish_reason:
-                    reasons[out.request_id] = delta.finish_reason
+                tokens.setdefault((out.request_id, delta.index), []).extend(delta.token_ids)
         step += 1
         assert step < 2_000
     for i, (p, s, _) in enumerate(reqs):
-        want = reference(p, s)[0]
-        if reasons[f"r{i}"] == "abort":
-            assert tokens[f"r{i}"] == want[:len(tokens[f"r{i}"])]
+        want = reference(p, s)
+        got = [tokens.get((f"r{i}", index), []) for index in range(len(want))]
+        if f"r{i}" in aborted:
+            assert all(g == w[:len(g)] for g, w in zip(got, want))
         else:
-            assert tokens[f"r{i}"] == want
+            assert got == want
     assert engine.block_manager.num_used_blocks == 0
     assert all(engine.block_manager.ref_count(b) == 0 for b in range(num_kv_blocks))
+
+
+def test_incremental_detokenizer_never_splits_a_character(loaded):
+    from inferfleet_runtime.detokenizer import IncrementalDetokenizer
+
+    tokenizer = loaded.tokenizer
+    text = "Beautiful is better than ugly — café, naïve, 日本語, 🐍 done."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prompt, output = ids[:3], ids[3:]
+    detok = IncrementalDetokenizer(tokenizer, prompt)
+    deltas = [detok.add(t) for t in output] + [detok.flush()]
+    assert "".join(deltas) == tokenizer.decode(output)
+    assert not any("\ufffd" in d for d in deltas)
