@@ -19,6 +19,7 @@ def silu_and_mul_reference(x):
     gate, up = x.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(x.dtype)
 
+
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 

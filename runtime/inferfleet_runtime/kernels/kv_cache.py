@@ -24,6 +24,7 @@ def write_kv_reference(key, value, key_cache, value_cache, slot_mapping):
     key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key.to(key_cache.dtype))
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value.to(value_cache.dtype))
 
+
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 

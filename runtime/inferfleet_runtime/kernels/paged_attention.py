@@ -83,6 +83,7 @@ def paged_attention_reference(
     )  # [num_seqs, Hq, max_q, D]
     return out.transpose(1, 2)[seq_of_token, row_of_token].to(query.dtype)
 
+
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 

@@ -30,6 +30,7 @@ def rms_norm_reference(x, weight, eps, residual=None):
     out = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
     return out.to(x.dtype), residual_out
 
+
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 

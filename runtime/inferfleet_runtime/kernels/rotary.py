@@ -34,6 +34,7 @@ def rotary_reference(query, key, positions, cos_sin_cache):
 
     return rotate(query), rotate(key)
 
+
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 
