@@ -205,9 +205,8 @@ class LLMEngine:
         parent = request.seqs[0]
         children = [self._new_seq(request.request_id, parent.prompt_token_ids, request.params, i,
                                   parent.arrival_time) for i in range(1, request.params.n)]
-        for child in reversed(children):
-            self.block_manager.fork(parent, child)
-            self.scheduler.add(child, first=True)
+        for child in children:
+            self.scheduler.add_forked(parent, child)
         request.seqs.extend(children)
         request.num_pending_children = 0
 

@@ -65,6 +65,20 @@ class Scheduler:
         else:
             self.waiting.append(seq)
 
+    def add_forked(self, parent: Sequence, child: Sequence) -> None:
+        """Adds another choice of parent's request, sharing parent's computed prompt blocks when it can run now.
+
+        A child that cannot run yet waits without blocks (it will hit the prefix cache or recompute): no
+        waiting sequence ever holds blocks, so the head of the queue can always be admitted eventually.
+        """
+        assert child.status is SequenceStatus.WAITING and parent.status is SequenceStatus.RUNNING
+        if len(self.running) < self.max_num_seqs:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+        else:
+            self.waiting.appendleft(child)
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens

@@ -13,12 +13,14 @@ def make_seq(seq_id, num_prompt, token=1):
     return Sequence(seq_id=seq_id, request_id=str(seq_id), prompt_token_ids=[token] * num_prompt)
 
 
-def run_step(sched, max_output=None):
+def run_step(sched, max_output=None, on_first_token=None):
     """schedule → (no model) → commit; a sequence that reaches its length gets token 7 appended."""
     batch = sched.schedule()
     samplers = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
     sched.commit(batch)
     for seq in samplers:
+        if on_first_token is not None and seq.num_output_tokens == 0:
+            on_first_token(seq)
         seq.append_token(7)
         if max_output is not None and seq.num_output_tokens >= max_output(seq):
             sched.finish(seq, FinishReason.LENGTH)
@@ -106,13 +108,14 @@ def test_waiting_request_reuses_cached_prefix():
     prompts=st.lists(st.integers(1, 20), min_size=1, max_size=12),
     outputs=st.lists(st.integers(1, 10), min_size=12, max_size=12),
     aborts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 11)), max_size=6),
+    forks=st.lists(st.integers(0, 3), min_size=12, max_size=12),
     num_blocks=st.integers(8, 24),
     max_num_seqs=st.integers(1, 6),
     budget=st.integers(1, 32),
     caching=st.booleans(),
 )
-def test_every_request_finishes_or_is_aborted_and_no_block_leaks(prompts, outputs, aborts, num_blocks, max_num_seqs,
-                                                                 budget, caching):
+def test_every_request_finishes_or_is_aborted_and_no_block_leaks(prompts, outputs, aborts, forks, num_blocks,
+                                                                 max_num_seqs, budget, caching):
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=caching)
     sched = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     # Every sequence fits the pool on its own (the engine refuses longer requests), so all must finish.
@@ -123,15 +126,32 @@ def test_every_request_finishes_or_is_aborted_and_no_block_leaks(prompts, output
     for step, index in aborts:
         abort_at.setdefault(step, []).append(index)
     want = {seq.seq_id: min(outputs[seq.seq_id], num_blocks * BS - seq.num_prompt_tokens) for seq in seqs}
+    parents = {seq.seq_id for seq in seqs}
+    all_seqs = list(seqs)
+
+    def fork_children(seq):
+        # n > 1: a request's other choices join once its prompt is computed (as the engine does).
+        if seq.seq_id not in parents:
+            return
+        parents.discard(seq.seq_id)
+        for _ in range(forks[seq.seq_id]):
+            child = Sequence(seq_id=len(all_seqs) + 100, request_id=seq.request_id,
+                             prompt_token_ids=list(seq.prompt_token_ids))
+            want[child.seq_id] = want[seq.seq_id]
+            all_seqs.append(child)
+            sched.add_forked(seq, child)
     for step in range(2_000):
         for index in abort_at.get(step, []):
             if index < len(seqs):
-                sched.finish(seqs[index], FinishReason.ABORT)
+                for seq in all_seqs:     # a request's abort ends all its choices
+                    if seq.request_id == seqs[index].request_id:
+                        sched.finish(seq, FinishReason.ABORT)
         if not sched.has_unfinished():
             break
-        batch = run_step(sched, max_output=lambda s: want[s.seq_id])
+        batch = run_step(sched, max_output=lambda s: want[s.seq_id], on_first_token=fork_children)
         assert batch.num_batched_tokens <= budget and sched.num_running <= max_num_seqs
         assert not batch.is_empty or batch.preempted, "no progress while requests wait"
+        assert all(not seq.block_ids for seq in sched.waiting), "a waiting sequence holds blocks"
         live = sched.running + list(sched.waiting)
         refs = {}
         for seq in live:
@@ -140,7 +160,7 @@ def test_every_request_finishes_or_is_aborted_and_no_block_leaks(prompts, output
         assert all(bm.ref_count(b) == refs.get(b, 0) for b in range(num_blocks))
         assert bm.num_free_blocks + len(refs) == num_blocks
     assert not sched.has_unfinished()
-    for seq in seqs:
+    for seq in all_seqs:
         assert seq.is_finished
         if seq.finish_reason is FinishReason.LENGTH:
             assert seq.num_output_tokens == want[seq.seq_id]
