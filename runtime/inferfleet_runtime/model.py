@@ -62,7 +62,8 @@ class Attention(nn.Module):
         key_cache, value_cache = kv_cache
         self.ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.is_decode_only:
-            out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale)
+            out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                           max_seq_len=meta.max_seq_len)
         else:
             out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale,
                                            query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len,
