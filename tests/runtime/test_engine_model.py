@@ -3,6 +3,7 @@
 import functools
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from inferfleet_runtime.engine import LLMEngine
@@ -114,3 +115,18 @@ def test_incremental_detokenizer_never_splits_a_character(loaded):
     deltas = [detok.add(t) for t in output] + [detok.flush()]
     assert "".join(deltas) == tokenizer.decode(output)
     assert not any("\ufffd" in d for d in deltas)
+
+
+def test_kv_pool_is_sized_from_a_memory_budget(loaded):
+    bytes_per_block = loaded.model.kv_cache_bytes_per_block(4)
+    engine = make_engine(loaded, kv_cache_memory=bytes_per_block * 37 + 5)
+    assert engine.runner.num_kv_blocks == engine.block_manager.num_blocks == 37
+    assert engine.runner.kv_caches[0][0].shape[:2] == (37, 4)
+
+
+def test_bfloat16_engine_generates_with_a_bfloat16_cache(demo_model_dir):
+    config = EngineConfig(block_size=4, num_kv_blocks=32, dtype="bfloat16", kernels="reference")
+    engine = LLMEngine.from_model_dir(demo_model_dir, config)
+    assert engine.runner.kv_caches[0][0].dtype == torch.bfloat16
+    [out] = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=6))
+    assert out.outputs[0].text.startswith(" ugly")

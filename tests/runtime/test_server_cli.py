@@ -1,5 +1,6 @@
 """`inferfleet-runtime` entry point and `serve`: readable refusals, and a real serve process answering the client."""
 
+import argparse
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import openai
 import pytest
 
 from inferfleet_runtime.cli import main
+from inferfleet_runtime.server import cli as serve_cli
 
 from .server_harness import free_port
 
@@ -86,3 +88,25 @@ def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+
+
+def parse_serve(*argv):
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_serve_flags_map_onto_the_engine_config():
+    config = serve_cli.config_from_args(parse_serve(
+        "--model", "m", "--dtype", "bfloat16", "--block-size", "8", "--kv-cache-memory", "2GiB",
+        "--max-num-seqs", "3", "--max-num-batched-tokens", "77", "--max-model-len", "99", "--max-queue-len", "5",
+        "--no-prefix-caching", "--kernels", "triton"))
+    assert (config.dtype, config.block_size, config.kv_cache_memory, config.num_kv_blocks) == ("bfloat16", 8, 2**31, None)
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, config.max_queue_len) == \
+        (3, 77, 99, 5)
+    assert (config.enable_prefix_caching, config.kernels) == (False, "triton")
+    defaults = serve_cli.config_from_args(parse_serve("--model", "m", "--num-kv-blocks", "40"))
+    assert (defaults.num_kv_blocks, defaults.block_size, defaults.dtype, defaults.enable_prefix_caching) == \
+        (40, 16, None, True)
+    args = parse_serve("--engine-dir", "e")
+    assert (args.host, args.port, args.engine) == ("0.0.0.0", 8000, None)

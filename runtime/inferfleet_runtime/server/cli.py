@@ -37,14 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The engine configuration the flags ask for (ValueError on a bad value)."""
+    return EngineConfig(
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, max_queue_len=args.max_queue_len,
+        enable_prefix_caching=not args.no_prefix_caching, kernels=args.kernels,
+        dtype=None if args.dtype in (None, "auto") else args.dtype, device=args.device)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        config = EngineConfig(
-            block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len, max_queue_len=args.max_queue_len,
-            enable_prefix_caching=not args.no_prefix_caching, kernels=args.kernels,
-            dtype=None if args.dtype in (None, "auto") else args.dtype, device=args.device)
+        config = config_from_args(args)
     except ValueError as exc:
         return _fail(str(exc))
     mode = args.engine or ("compiled" if args.engine_dir else "paged")
