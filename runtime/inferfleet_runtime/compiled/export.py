@@ -79,9 +79,16 @@ def build_engine(model_dir: Path, out_dir: Path, envelope: Envelope, backend_nam
         shutil.rmtree(staging, ignore_errors=True)
         raise
     if out_dir.exists():
-        shutil.rmtree(out_dir)
+        shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging.rename(out_dir)
+    try:
+        staging.rename(out_dir)
+    except OSError:
+        # Another builder of the same key finished first (two Jobs, two test sessions): keep its engine.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (out_dir / "manifest.json").is_file() or read_manifest(out_dir).engine_key != engine_key:
+            raise
+        manifest = read_manifest(out_dir)
     progress("done", 100)
     return manifest
 

@@ -37,3 +37,33 @@ def test_tensorrt_engine_matches_the_paged_engine(demo_model_dir, tmp_path):
                  "--decode-buckets", "2,4", "--prefill-buckets", "16"]) == 0
     compiled_tokens, paged_tokens = compare_with_paged(demo_model_dir, out, device="cuda")
     assert compiled_tokens == paged_tokens
+
+
+HAS_ONNX = all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript", "onnxruntime"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ONNX, reason="the ONNX check needs onnx, onnxscript and onnxruntime (dev extra)")
+def test_step_exports_to_onnx_that_computes_what_torch_does(demo_model_dir, tmp_path):
+    """The TensorRT backend builds from this ONNX export; onnxruntime runs it here on the CPU."""
+    import onnxruntime
+
+    from inferfleet_runtime.compiled.backends.tensorrt import INPUT_NAMES, export_onnx
+    from inferfleet_runtime.compiled.step import StaticStep
+    from inferfleet_runtime.loader import load_model
+
+    loaded = load_model(demo_model_dir, kernels="reference", device="cpu")
+    c = loaded.config
+    step = StaticStep(loaded.model, 64).eval()
+    generator = torch.Generator().manual_seed(0)
+    kv_cache = torch.randn(c.num_layers, 2, 4, 64, c.num_kv_heads, c.head_dim, generator=generator)
+    # Four decode rows at different positions and slots: row 3 is padding (its K/V are dropped by the runner).
+    inputs = (torch.tensor([[5], [17], [30], [0]]), torch.tensor([3, 10, 63, 0]), torch.ones(4, dtype=torch.int64),
+              torch.tensor([2, 0, 3, 0]), kv_cache)
+    export_onnx(step, inputs, tmp_path / "step.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "step.onnx"))
+    logits, new_kv = session.run(None, {name: t.numpy() for name, t in zip(INPUT_NAMES, inputs)})
+    with torch.no_grad():
+        want_logits, want_kv = step(*inputs)
+    torch.testing.assert_close(torch.from_numpy(logits), want_logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(new_kv), want_kv, rtol=1e-4, atol=1e-4)

@@ -45,9 +45,7 @@ def build(step: torch.nn.Module, example_inputs: tuple, path: Path) -> None:
     logger = trt.Logger(trt.Logger.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = Path(tmp) / "step.onnx"
-        with torch.no_grad():
-            torch.onnx.export(step, example_inputs, str(onnx_path), input_names=list(INPUT_NAMES),
-                              output_names=list(OUTPUT_NAMES), dynamo=True, external_data=True)
+        export_onnx(step, example_inputs, onnx_path)
         builder = trt.Builder(logger)
         # Strongly typed: TensorRT keeps the exported dtypes (the envelope's) instead of choosing its own.
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -59,6 +57,13 @@ def build(step: torch.nn.Module, example_inputs: tuple, path: Path) -> None:
         if serialized is None:
             raise RuntimeError("TensorRT failed to build the engine (see its log above)")
     path.write_bytes(bytes(serialized))
+
+
+def export_onnx(step: torch.nn.Module, example_inputs: tuple, path: Path) -> None:
+    """The step at the example inputs' shapes as ONNX (weights in a file beside it), the builder's input."""
+    with torch.no_grad():
+        torch.onnx.export(step, example_inputs, str(path), input_names=list(INPUT_NAMES),
+                          output_names=list(OUTPUT_NAMES), dynamo=True, external_data=True)
 
 
 class _EngineCall:
