@@ -130,3 +130,8 @@ def test_bfloat16_engine_generates_with_a_bfloat16_cache(demo_model_dir):
     assert engine.runner.kv_caches[0][0].dtype == torch.bfloat16
     [out] = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=6))
     assert out.outputs[0].text.startswith(" ugly")
+
+
+def test_default_cpu_pool_holds_every_running_sequence_at_full_length(loaded):
+    engine = make_engine(loaded, max_num_seqs=3, max_model_len=100)
+    assert engine.runner.num_kv_blocks == 3 * 25        # 100 tokens in blocks of 4, well within the 1 GiB budget
