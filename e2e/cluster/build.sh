@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds the pinned control-plane binaries from the Go module proxy into a cache outside the
-# work tree; prints the binary folder. Rebuilds only when pins.env changes.
+# Builds the pinned control-plane binaries (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, etcd, kwok, kwokctl, helm) from the Go module proxy into a cache outside
+# the work tree, with version stamps, and prints the binary folder on stdout (nothing else goes to
+# stdout; progress goes to stderr). Rebuilds only when pins.env changes; finished binaries of an
+# interrupted build are kept.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=pins.env
@@ -8,77 +11,98 @@ source "$here/pins.env"
 cache=${INFERFLEET_CACHE:-$HOME/.cache/inferfleet}
 pin_hash=$(sha256sum "$here/pins.env" | cut -c1-12)
 bin="$cache/cluster-bin/$pin_hash"
-tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl helm)
+kube_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+tools=("${kube_tools[@]}" etcd kwok kwokctl helm)
 
 all_built() { for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done; }
 if all_built; then echo "$bin"; exit 0; fi
 
+command -v go >/dev/null || { echo "[build] Go is needed to build the local control plane (see README)" >&2; exit 1; }
 mkdir -p "$bin" "$cache/go-work"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 log() { echo "[build] $*" >&2; }
-step=0; total=5
-progress() { step=$((step + 1)); log "($step/$total) $*"; }
+todo=0; for t in "${tools[@]}"; do [ -x "$bin/$t" ] || todo=$((todo + 1)); done
+step=0
+progress() { step=$((step + 1)); log "($step/$todo) Building $*"; }
+began=$(date +%s)
+log "Building $todo binaries into $bin (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
 
+# Kubernetes' go.mod maps its staging modules (k8s.io/api, k8s.io/client-go, ...) to ./staging at
+# v0.0.0, so a wrapper module requires k8s.io/kubernetes and replaces each with its published v0.N.P.
 build_kubernetes() {
-  local dir="$cache/go-work/kubernetes-$K8S_VERSION" minor staging
-  minor=${K8S_VERSION#v1.}
+  local dir="$cache/go-work/kubernetes-$K8S_VERSION" minor=${K8S_VERSION#v1.} staging gomod
   mkdir -p "$dir"
-  go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
-  staging=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
-    | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' | xargs grep -E '=> ./staging' | awk '{print $1}')
+  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  staging=$(grep -E '=> \./staging/' "$gomod" | awk '{print $1}')
+  [ -n "$staging" ] || { log "Found no staging replaces in $gomod"; return 1; }
   {
     echo "module inferfleet.local/kubernetes-wrapper"
     echo "go 1.26"
     echo "require k8s.io/kubernetes $K8S_VERSION"
     for m in $staging; do echo "replace $m => $m v0.$minor"; done
   } > "$dir/go.mod"
-  cat > "$dir/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
-  local major=1 minor_num=${minor%%.*} date ld=""
+  printf '//go:build tools\n\npackage tools\n\nimport (\n' > "$dir/tools.go"
+  for t in "${kube_tools[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$t" >> "$dir/tools.go"; done
+  printf ')\n' >> "$dir/tools.go"
+  # Version stamps as upstream's hack/lib/version.sh sets them; unstamped binaries report
+  # v0.0.0-master, which breaks version checks in kubectl, kwokctl and helm.
+  local ld="" date
   date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor_num"
+    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor%%.*}"
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
-  (cd "$dir" && go mod tidy -e >/dev/null 2>&1 || true
-   cd "$dir" && go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
-  for t in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-    progress "Building $t $K8S_VERSION"
-    (cd "$dir" && go build -trimpath -ldflags "-s -w $ld" -o "$bin/$t" "k8s.io/kubernetes/cmd/$t")
+  (cd "$dir" && { go mod tidy -e >&2 2>/dev/null || true; } && go get "k8s.io/kubernetes@$K8S_VERSION" >&2)
+  for t in "${kube_tools[@]}"; do
+    [ -x "$bin/$t" ] && continue
+    progress "$t $K8S_VERSION"
+    (cd "$dir" && go build -trimpath -ldflags "-s -w $ld" -o "$bin/$t.tmp" "k8s.io/kubernetes/cmd/$t" >&2)
+    mv "$bin/$t.tmp" "$bin/$t"
   done
 }
 
+# go.etcd.io/etcd/server/v3 is package main but its go.mod has replace directives, so it cannot be
+# `go install`ed; a wrapper module requiring it at the release tag builds it.
 build_etcd() {
   local dir="$cache/go-work/etcd-$ETCD_VERSION"
   mkdir -p "$dir"
   printf 'module inferfleet.local/etcd-wrapper\ngo 1.26\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > "$dir/go.mod"
   printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "$dir/tools.go"
-  (cd "$dir" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null 2>&1 || true)
-  log "Building etcd $ETCD_VERSION"
-  (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
+  (cd "$dir" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 && { go mod tidy >&2 || true; })
+  progress "etcd $ETCD_VERSION"
+  (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3 >&2)
+  mv "$bin/etcd.tmp" "$bin/etcd"
 }
 
 build_go_installable() {
   local name=$1 module=$2 version=$3 ldflags=${4:-}
-  log "Building $name $version"
-  GOBIN="$bin" go install -trimpath -ldflags "-s -w $ldflags" "$module@$version"
+  progress "$name $version"
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w $ldflags" "$module@$version" >&2
 }
 
-total=7
-[ -x "$bin/etcd" ] || { progress "etcd"; build_etcd; }
-[ -x "$bin/kwok" ] || { progress "kwok"; build_go_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"; }
-[ -x "$bin/kwokctl" ] || { progress "kwokctl"; build_go_installable kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"; }
-[ -x "$bin/helm" ] || { progress "helm"; build_go_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"; }
+[ -x "$bin/etcd" ] || build_etcd
+[ -x "$bin/kwok" ] || build_go_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+[ -x "$bin/kwokctl" ] || build_go_installable kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+[ -x "$bin/helm" ] || build_go_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 all_built || build_kubernetes
-all_built
+
+# Every binary must report the pinned version, or the build is wrong (e.g. stamps not applied).
+check_version() {
+  local want=$1; shift
+  local got
+  got=$("$@" 2>&1 | head -n 3 | tr '\n' ' ')
+  case "$got" in
+    *"$want"*) log "  $(basename "$1"): $got" ;;
+    *) log "$(basename "$1") reports '$got', expected $want"; return 1 ;;
+  esac
+}
+check_version "$K8S_VERSION" "$bin/kube-apiserver" --version
+check_version "$K8S_VERSION" "$bin/kube-controller-manager" --version
+check_version "$K8S_VERSION" "$bin/kube-scheduler" --version
+check_version "$K8S_VERSION" "$bin/kubectl" version --client
+check_version "${ETCD_VERSION#v}" "$bin/etcd" --version
+check_version "$KWOK_VERSION" "$bin/kwok" --version
+check_version "$KWOK_VERSION" "$bin/kwokctl" --version
+check_version "$HELM_VERSION" "$bin/helm" version
+log "Built in $(( $(date +%s) - began )) s"
 echo "$bin"

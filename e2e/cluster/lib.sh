@@ -20,11 +20,27 @@ component_pid() {
 }
 
 # Serialises up.sh and down.sh for one state folder (several test sessions may share a cluster).
-# The lock lives outside the state folder, which down.sh removes; a nested call (up.sh running
-# down.sh) inherits the lock.
+# The lock is a folder outside the state folder (down.sh removes that) holding the owner's pid, so
+# no child process can inherit it and a lock left by a killed script is recognised as stale. A
+# nested call (up.sh running down.sh) inherits the lock through the environment.
 lock_cluster() {
   [ -n "${INFERFLEET_CLUSTER_LOCKED:-}" ] && return 0
-  exec 9>"${TMPDIR:-/tmp}/inferfleet-cluster-$(echo "$state" | sha256sum | cut -c1-12).lock"
-  flock 9
+  lock_dir="${TMPDIR:-/tmp}/inferfleet-cluster-$(echo "$state" | sha256sum | cut -c1-12).lock.d"
+  local deadline=$(( $(date +%s) + 180 )) owner
+  until mkdir "$lock_dir" 2>/dev/null; do
+    owner=$(cat "$lock_dir/pid" 2>/dev/null || true)
+    if { [ -n "$owner" ] && ! kill -0 "$owner" 2>/dev/null; } ||
+       { [ -z "$owner" ] && [ -n "$(find "$lock_dir" -maxdepth 0 -mmin +1 2>/dev/null)" ]; }; then
+      rm -rf "$lock_dir"  # its owner is gone
+      continue
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      log "Gave up after 180 s waiting for pid ${owner:-?} (up.sh or down.sh on $state)"
+      exit 1
+    fi
+    sleep 0.2
+  done
+  echo $$ > "$lock_dir/pid"
+  trap 'rm -rf "$lock_dir"' EXIT
   export INFERFLEET_CLUSTER_LOCKED=1
 }

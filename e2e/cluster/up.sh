@@ -103,8 +103,7 @@ kubeconfig "$state/kwok.kubeconfig" kwok
 start() {
   local name=$1; shift
   log "Starting $name"
-  # 9>&-: the component must not inherit the lock on the state folder, or down.sh would wait forever.
-  setsid "$@" >"$state/logs/$name.log" 2>&1 </dev/null 9>&- &
+  setsid "$@" >"$state/logs/$name.log" 2>&1 </dev/null &
   echo $! > "$state/run/$name.pid"
 }
 # wait_until SECONDS WHAT COMMAND...: retries COMMAND every 0.2 s until it succeeds.
