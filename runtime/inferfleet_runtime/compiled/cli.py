@@ -1,12 +1,16 @@
 """`inferfleet-runtime compile`: build a compiled engine directory for an envelope (exit 2 bad input, 1 failed build).
 
-Progress goes to stdout as `progress stage=<stage> percent=<0..100>` lines (the operator surfaces them);
-the last line on success is `built engine=<key> dir=<out> seconds=<s>`.
+Progress goes to stdout as `progress stage=<stage> percent=<0..100>` lines; the last line on success is
+`built engine=<key> dir=<out> seconds=<s>`. In a Kubernetes container (where the kubelet provides
+/dev/termination-log, or $INFERFLEET_TERMINATION_LOG names a file) the result is also written there for
+the operator: a JSON object ({"artifactSizeBytes": ...}) on success, the one error line on failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -76,9 +80,12 @@ def run(args: argparse.Namespace) -> int:
         manifest = build_engine(model_dir, out_dir, envelope, backend, device, args.engine_key, progress)
     except Exception as exc:  # the build itself failed: say why in one line, keep the trace for the Job's log
         traceback.print_exc(file=sys.stderr)
-        print(f"inferfleet-runtime compile: error: build failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(f"build failed: {type(exc).__name__}: {exc}", code=1)
     print(f"built engine={manifest.engine_key} dir={out_dir} seconds={manifest.build_seconds}", flush=True)
+    _write_termination_log(json.dumps({
+        "engineKey": manifest.engine_key, "artifactPath": str(out_dir),
+        "artifactSizeBytes": manifest.sizes.get("total_bytes", 0), "buildSeconds": manifest.build_seconds,
+        "backend": manifest.backend, "targetArchitecture": manifest.target_architecture}))
     return 0
 
 
@@ -89,6 +96,19 @@ def _buckets(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _fail(message: str) -> int:
-    print(f"inferfleet-runtime compile: error: {message}", file=sys.stderr)
-    return 2
+def _fail(message: str, code: int = 2) -> int:
+    line = f"inferfleet-runtime compile: error: {message}"
+    print(line, file=sys.stderr)
+    _write_termination_log(line)
+    return code
+
+
+def _write_termination_log(text: str) -> None:
+    """Writes text where Kubernetes reads a container's termination message, when that file exists."""
+    path = os.environ.get("INFERFLEET_TERMINATION_LOG", "/dev/termination-log")
+    if os.path.isfile(path):
+        try:
+            with open(path, "w") as f:
+                f.write(text[:4096])
+        except OSError:
+            pass   # a read-only or foreign file: the logs still carry the result

@@ -43,8 +43,11 @@ def stand_in(monkeypatch):
     return install
 
 
-def test_build_reports_progress_and_writes_a_manifest(demo_model_dir, tmp_path, stand_in, capsys):
+def test_build_reports_progress_and_writes_a_manifest(demo_model_dir, tmp_path, stand_in, capsys, monkeypatch):
     backend = stand_in()
+    termination_log = tmp_path / "termination-log"
+    termination_log.write_text("")
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(termination_log))
     out = tmp_path / "engine"
     code = main(["compile", "--model", str(demo_model_dir), "--out", str(out), "--backend", "aotinductor", *TINY,
                  "--decode-buckets", "2,4", "--prefill-buckets", "8,16", "--engine-key", "k1",
@@ -69,6 +72,10 @@ def test_build_reports_progress_and_writes_a_manifest(demo_model_dir, tmp_path, 
     assert manifest["sizes"]["kv_cache_bytes"] == 3 * 2 * 4 * 64 * 2 * 24 * 4   # layers, K/V, slots, ctx, heads, dim
     assert (out / "model" / "tokenizer.json").is_file() and not list((out / "model").glob("*.safetensors"))
     assert not list(tmp_path.glob(".engine.building-*"))
+    # what the operator reads from the compile container's termination message
+    result = json.loads(termination_log.read_text())
+    assert result["artifactSizeBytes"] == manifest["sizes"]["total_bytes"] > manifest["sizes"]["graph_bytes"]
+    assert result["engineKey"] == "k1" and result["artifactPath"] == str(out)
 
 
 def test_rebuild_of_the_same_key_keeps_the_engine(demo_model_dir, tmp_path, stand_in, capsys):
@@ -82,8 +89,11 @@ def test_rebuild_of_the_same_key_keeps_the_engine(demo_model_dir, tmp_path, stan
     assert "progress stage=done percent=100" in capsys.readouterr().out
 
 
-def test_failed_build_exits_1_and_leaves_no_engine(demo_model_dir, tmp_path, stand_in, capsys):
+def test_failed_build_exits_1_and_leaves_no_engine(demo_model_dir, tmp_path, stand_in, capsys, monkeypatch):
     stand_in(fail_at="prefill")
+    termination_log = tmp_path.parent / f"{tmp_path.name}-termination-log"
+    termination_log.write_text("")
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(termination_log))
     out = tmp_path / "engine"
     code = main(["compile", "--model", str(demo_model_dir), "--out", str(out), "--backend", "aotinductor", *TINY,
                  "--decode-buckets", "4", "--prefill-buckets", "16"])
@@ -91,6 +101,7 @@ def test_failed_build_exits_1_and_leaves_no_engine(demo_model_dir, tmp_path, sta
     assert code == 1
     assert err[-1] == "inferfleet-runtime compile: error: build failed: RuntimeError: compiler crashed"
     assert not out.exists() and not list(tmp_path.iterdir())
+    assert termination_log.read_text() == err[-1]
 
 
 @pytest.mark.parametrize("extra, message", [
