@@ -92,6 +92,12 @@ def test_n_choices_are_indexed_and_counted(client):
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Simple is"}], n=2,
                                           max_tokens=4)
     assert sorted(c.index for c in chat.choices) == [0, 1]
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(model=MODEL, prompt="xyz q", max_tokens=8, temperature=1.0, n=3, seed=1,
+                                           stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {c.index: c.text for c in r.choices}
 
 
 def test_completion_logprobs_list_each_token_with_alternatives(client):

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError
-from inferfleet_runtime.engine import CompletionOutput, RequestOutput
+from inferfleet_runtime.engine import CompletionOutput, ContextLengthError, RequestOutput
 from inferfleet_runtime.metrics import ServerMetrics
 from inferfleet_runtime.server.formats import ChatFormat, CompletionFormat, usage
 from inferfleet_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -99,6 +99,8 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
         prompt_ids = [_encode(engine, p) for p in body.prompts()]
+        if not prompt_ids:
+            raise APIError(400, "prompt must not be empty", param="prompt")
         params = _params(body.sampling_params, body.max_tokens, body.logprobs)
         return await _respond(engine, request, body, prompt_ids, params, CompletionFormat(state.served_model_name, engine.engine.tokenizer))
 
@@ -174,9 +176,11 @@ async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list
     for ids in prompt_ids:
         try:
             engine.engine.check_length(len(ids), params.max_tokens)
-        except ValueError as exc:
+        except ContextLengthError as exc:
             raise APIError(400, str(exc), param="max_tokens" if params.max_tokens else "prompt",
                            code="context_length_exceeded") from exc
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="prompt") from exc
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
     sub_ids = [f"{request_id}-{i}" for i in range(len(prompt_ids))]
     streams = []
