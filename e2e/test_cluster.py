@@ -3,12 +3,15 @@ KWOK GPU nodes of every vendor, and pod lifecycles including the compile-failure
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import CLUSTER_DIR, FAIL_LABEL, FAIL_MARKER, NODES_DIR, Cluster, condition, is_true, node_manifests, wait_for
+from helpers import CLUSTER_DIR, FAIL_LABEL, FAIL_MARKER, NODES_DIR, ROOT, Cluster, condition, is_true, node_manifests, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -38,11 +41,12 @@ def job(name: str, labels: dict[str, str] | None = None, args: list[str] | None 
     }
 
 
+@pytest.mark.skipif(bool(os.environ.get("INFERFLEET_KUBECONFIG")), reason="the cluster is not one up.sh started")
 def test_up_again_is_a_no_op(cluster: Cluster):
     before = cluster.kubeconfig.read_text()
     uid = cluster.get("namespace", "default")["metadata"]["uid"]
     result = subprocess.run(["bash", str(CLUSTER_DIR / "up.sh")], capture_output=True, text=True, check=True,
-                            env={"INFERFLEET_CLUSTER_BIN": str(cluster.bin), "PATH": "/usr/bin:/bin"})
+                            env={**os.environ, "INFERFLEET_CLUSTER_BIN": str(cluster.bin)})
     assert result.stdout == ""
     assert "already up" in result.stderr
     assert cluster.kubeconfig.read_text() == before
@@ -182,3 +186,68 @@ def test_garbage_collector_deletes_owned_objects(cluster: Cluster, namespace: st
     cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
     wait_for(lambda: cluster.get("configmap", "child", namespace) is None, timeout=30,
              message="the garbage collector to delete the child")
+
+
+def inference_service(name: str, **spec) -> dict:
+    return {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": "tiny", "uri": "hf://inferfleet/tiny"}, **spec},
+    }
+
+
+def test_crds_apply_and_the_api_server_refuses_invalid_services_naming_the_field(cluster: Cluster, namespace: str):
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    for plural in ("inferenceservices", "inferenceruntimes", "enginebuilds"):
+        cluster.kubectl("wait", "--for", "condition=Established", f"crd/{plural}.inferfleet.dev", "--timeout", "30s")
+
+    cluster.apply(inference_service("valid"), namespace=namespace)
+    valid = cluster.get("infsvc", "valid", namespace)
+    assert valid["spec"]["engine"]["tensorParallelSize"] == valid["spec"]["resources"]["gpusPerReplica"] == 1
+
+    bad_uri = inference_service("bad-uri")
+    bad_uri["spec"]["model"]["uri"] = "ftp://weights/tiny"
+    result = cluster.apply(bad_uri, namespace=namespace, check=False)
+    assert result.returncode != 0
+    assert "spec.model.uri" in result.stderr and "must be pvc://" in result.stderr
+
+    mismatch = inference_service("mismatch", engine={"tensorParallelSize": 2}, resources={"gpusPerReplica": 1})
+    result = cluster.apply(mismatch, namespace=namespace, check=False)
+    assert result.returncode != 0 and "spec.engine.tensorParallelSize" in result.stderr
+
+    assert {s["metadata"]["name"] for s in cluster.items("inferenceservices", namespace)} == {"valid"}
+
+
+def _processes_naming(path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(path) in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_up_replaces_a_partial_cluster_and_down_stops_everything(cluster: Cluster, tmp_path):
+    # A second cluster in its own state folder, so the session's cluster is untouched.
+    state = tmp_path / "state"
+    env = {**os.environ, "INFERFLEET_CLUSTER_BIN": str(cluster.bin), "INFERFLEET_CLUSTER_STATE": str(state)}
+
+    def script(name):
+        return subprocess.run(["bash", str(CLUSTER_DIR / name)], env=env, capture_output=True, text=True, check=True)
+
+    try:
+        script("up.sh")
+        scheduler = int((state / "run" / "kube-scheduler.pid").read_text())
+        os.kill(scheduler, signal.SIGKILL)
+        assert "partial cluster" in script("up.sh").stderr
+        second = Cluster(state / "kubeconfig", cluster.bin)
+        assert {n["metadata"]["name"] for n in second.items("nodes")} == {n["metadata"]["name"] for n in fleet()}
+        assert len(_processes_naming(state)) == 5
+    finally:
+        script("down.sh")
+    assert not state.exists()
+    assert _processes_naming(state) == []
