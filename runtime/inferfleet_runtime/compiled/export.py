@@ -37,13 +37,15 @@ def graph_name(kind: str, bucket: int) -> str:
 
 
 def default_engine_key(model_dir: Path, envelope: Envelope, backend: str, architecture: str) -> str:
-    """A content hash over the checkpoint's config and weight sizes, the envelope, the target and the versions."""
+    """A content hash over the checkpoint's config and weight sizes, the envelope, the target, the versions and
+    the exported step's source (a changed step is a new compiler)."""
     files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    step_source = Path(__file__).with_name("step.py").read_bytes()
     digest = hashlib.sha256(json.dumps({
         "config": (model_dir / "config.json").read_text(),
         "files": [(p.name, p.stat().st_size) for p in files],
         "envelope": envelope.to_dict(), "backend": backend, "architecture": architecture,
-        "versions": library_versions("aotinductor"),
+        "versions": library_versions("aotinductor"), "step": hashlib.sha256(step_source).hexdigest(),
     }, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 

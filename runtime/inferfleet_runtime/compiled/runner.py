@@ -37,7 +37,7 @@ class CompiledModelRunner:
         self.envelope = envelope
         model_config = ModelConfig.from_dir(engine_dir / "model", dtype=envelope.dtype)
         self.tokenizer = Tokenizer.from_dir(engine_dir / "model", extra_eos_token_ids=model_config.eos_token_ids)
-        self.model_name = model_name or model_config.name
+        self.model_name = model_name or self.manifest.model.get("name") or engine_dir.name
         self.eos_token_ids = list(model_config.eos_token_ids or self.tokenizer.eos_token_ids)
         self.vocab_size = model_config.vocab_size
         self.max_position_embeddings = envelope.max_context_length
