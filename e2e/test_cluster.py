@@ -97,6 +97,10 @@ def test_kwok_nodes_are_ready_with_their_gpu_resources(cluster: Cluster):
             f"{name} is tainted: {node['spec']['taints']}"
         for key, value in want["metadata"]["labels"].items():
             assert node["metadata"]["labels"].get(key) == value, f"{name}: label {key}"
+    # kwok holds each node's Lease, so the node lifecycle controller keeps seeing it alive.
+    leases = {lease["metadata"]["name"]: lease for lease in cluster.items("leases", "kube-node-lease")}
+    for name in expected:
+        assert leases[name]["spec"]["holderIdentity"] and leases[name]["spec"]["renewTime"], f"{name}: lease"
     vendors = {r for node in expected.values() for r in node["status"]["allocatable"] if r in GPU_RESOURCES}
     assert vendors >= {"nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/xe"}
 
