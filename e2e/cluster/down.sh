@@ -27,7 +27,10 @@ for pid in "${pids[@]}"; do
     sleep 0.1
   done
 done
-if [ -d "$state" ]; then
+if is_cluster_state; then
   rm -rf "$state"
   log "Removed $state"
+elif [ -d "$state" ]; then
+  # Never delete a folder up.sh did not create (INFERFLEET_CLUSTER_STATE may point anywhere).
+  rmdir "$state" 2>/dev/null || log "Left $state in place: up.sh did not create it"
 fi

@@ -3,6 +3,7 @@
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 state=${INFERFLEET_CLUSTER_STATE:-$root/e2e/.state}
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+marker=.inferfleet-cluster  # up.sh creates it first; down.sh deletes only folders that carry it
 
 log() { echo "[cluster] $*" >&2; }
 
@@ -43,4 +44,9 @@ lock_cluster() {
   echo $$ > "$lock_dir/pid"
   trap 'rm -rf "$lock_dir"' EXIT
   export INFERFLEET_CLUSTER_LOCKED=1
+}
+
+# Whether the state folder is one up.sh made (the marker; older clusters: its ports.env and pki/).
+is_cluster_state() {
+  [ -f "$state/$marker" ] || { [ -f "$state/ports.env" ] && [ -d "$state/pki" ]; }
 }

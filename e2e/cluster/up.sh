@@ -21,6 +21,10 @@ if [ "$running" -eq "${#components[@]}" ] && [ -s "$state/kubeconfig" ]; then
     exit 0
   fi
 fi
+if [ -d "$state" ] && ! is_cluster_state && [ -n "$(ls -A "$state")" ]; then
+  log "Refusing to use $state: it is not empty and up.sh did not create it"
+  exit 1
+fi
 if [ "$running" -gt 0 ] || [ -d "$state" ]; then
   log "Found a partial cluster in $state; stopping it first"
   bash "$root/e2e/cluster/down.sh"
@@ -29,6 +33,8 @@ fi
 bin=$(cluster_bin)
 kubectl=("$bin/kubectl" --kubeconfig "$state/kubeconfig")
 pki="$state/pki"
+mkdir -p "$state"
+touch "$state/$marker"
 mkdir -p "$pki" "$state/run" "$state/logs"
 mkdir -m 700 "$state/etcd"
 chmod 700 "$state"
