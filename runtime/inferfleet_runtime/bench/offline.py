@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -161,7 +162,6 @@ def compiled_engine_dir(model_dir: Path, args) -> tuple[Path | None, str]:
         from inferfleet_runtime.compiled.envelope import Envelope
         from inferfleet_runtime.compiled.export import default_engine_key
         from inferfleet_runtime.compiled.manifest import device_architecture
-        from inferfleet_runtime.demo_model import cache_root
     except ImportError as exc:
         return None, f"the compiled package is not usable: {exc}"
     device = torch.device("cpu")
@@ -169,11 +169,13 @@ def compiled_engine_dir(model_dir: Path, args) -> tuple[Path | None, str]:
         get_backend("aotinductor").check_available(device)
     except Exception as exc:
         return None, f"aotinductor is not available: {exc}"
-    batch = max(args.compiled_max_batch_size, 1)
+    buckets = tuple(sorted({int(x) for x in args.compiled_decode_buckets.split(",") if x.strip()}))
+    batch = buckets[-1]
     envelope = Envelope(max_context_length=args.compiled_max_context_length, max_batch_size=batch,
-                        dtype="float32", decode_buckets=tuple(sorted({1, batch})),
+                        dtype="float32", decode_buckets=buckets,
                         prefill_buckets=(min(64, args.compiled_max_context_length),))
-    out = cache_root() / "compiled-engines" / default_engine_key(model_dir, envelope, "aotinductor",
+    cache = Path(os.environ.get("INFERFLEET_CACHE") or Path.home() / ".cache" / "inferfleet") / "compiled-engines"
+    out = cache / default_engine_key(model_dir, envelope, "aotinductor",
                                                                  device_architecture(device))
     started = time.monotonic()
     code = cli(["compile", "--model", str(model_dir), "--out", str(out), "--backend", "aotinductor", "--device", "cpu",
@@ -196,11 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-compiled", action="store_true", help="leave the compiled engine out")
     parser.add_argument("--engine-dir", default=None, help="use this compiled engine instead of compiling one")
-    parser.add_argument("--compiled-max-batch-size", type=int, default=8)
+    parser.add_argument("--compiled-decode-buckets", default="1,8,32,64",
+                        help="decode batch sizes compiled; the largest is the engine's batch cap")
     parser.add_argument("--compiled-max-context-length", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads for every engine (default 1: no oversubscription on a shared "
+                             "machine; 0 keeps torch's default)")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from inferfleet_runtime.demo_model import ensure_demo_model
     from inferfleet_runtime.engine import LLMEngine
