@@ -119,14 +119,13 @@ def test_deployment_pods_become_ready_on_the_selected_gpu_nodes(cluster: Cluster
                     "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
                     "containers": [{
                         "name": "serve", "image": IMAGE,
-                        "resources": {"limits": {"nvidia.com/gpu": "4"}},
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
                         "readinessProbe": {"httpGet": {"path": "/ready", "port": 8000}},
                     }],
                 },
             },
         },
     }, namespace=namespace)
-    # Two H100 nodes with 8 GPUs each fit four 4-GPU pods, so three replicas are all schedulable.
     wait_for(lambda: (cluster.get("deployment", "serve", namespace)["status"].get("readyReplicas") or 0) == 3,
              timeout=60, message="3 ready replicas")
     pods = cluster.items("pods", namespace, selector="app=serve")
