@@ -28,10 +28,11 @@ def test_a_small_run_reports_consistent_metrics_json_and_plot(server, demo_model
     code = main(["bench", "serve", "--url", server.base_url, "--num-prompts", "8", "--random-input-len", "4:16",
                  "--random-output-len", "2:8", "--request-rate", "40", "--burstiness", "0.5", "--max-concurrency", "4",
                  "--tokenizer", str(demo_model_dir), "--goodput", "ttft:2000", "tpot:500", "--seed", "1",
-                 "--result-json", str(out), "--plot", str(png), "--no-progress"])
+                 "--result-json", str(out), "--plot", str(png)])
     assert code == 0
-    printed = capsys.readouterr().out
-    assert "Successful requests:" in printed and "Median TPOT (ms):" in printed
+    captured = capsys.readouterr()
+    assert "Successful requests:" in captured.out and "Median TPOT (ms):" in captured.out
+    assert "8/8" in captured.err                       # the progress bar reached every request
 
     result = json.loads(out.read_text())
     assert result["config"]["model"] == MODEL and result["config"]["burstiness"] == 0.5
