@@ -99,6 +99,17 @@ class OperatorProcess:
     def num_writes(self) -> float:
         return self.metric("inferfleet_operator_api_writes_total")
 
+    def writes_by_kind(self) -> dict[str, float]:
+        """API writes so far by verb and kind, e.g. {"apply Deployment": 5.0}."""
+        counts: dict[str, float] = {}
+        for family in text_string_to_metric_families(self.metrics_text()):
+            for sample in family.samples:
+                if sample.name == "inferfleet_operator_api_requests_total" and \
+                        sample.labels["verb"] not in ("get", "list"):
+                    key = f"{sample.labels['verb']} {sample.labels['kind']}"
+                    counts[key] = counts.get(key, 0) + sample.value
+        return counts
+
     def log_tail(self, num_lines: int = 60) -> str:
         if not self.log_path.exists():
             return ""

@@ -25,6 +25,7 @@ from operator_process import (
 pytestmark = pytest.mark.e2e
 
 H100 = "nvidia-h100-80gb-hbm3"
+ON_H100 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
 RETENTION_SECONDS = 4  # operator_process.FAST_FLAGS
 
 
@@ -121,7 +122,7 @@ def test_children_deleted_or_edited_by_hand_are_restored(cluster, ns, operator):
 
 def test_deleting_a_service_collects_its_children_but_not_builds_still_referenced(cluster, ns, operator):
     for name in ("keep", "drop"):
-        cluster.apply(service_manifest(name, placement={"vendors": ["nvidia"]}, pools={H100: 1}),
+        cluster.apply(service_manifest(name, placement=ON_H100, pools={H100: 1}),
                       namespace=ns)
     keys = wait_for(lambda: {pool_status(cluster, ns, n).get(H100, {}).get("servingEngineBuild")
                              for n in ("keep", "drop")} - {None},
@@ -141,7 +142,7 @@ def test_deleting_a_service_collects_its_children_but_not_builds_still_reference
 
 
 def test_an_operator_killed_mid_rollout_converges_after_restart_without_duplicate_jobs(cluster, ns, operator):
-    cluster.apply(service_manifest("phoenix", placement={"vendors": ["nvidia"]}, pools={H100: 1}),
+    cluster.apply(service_manifest("phoenix", placement=ON_H100, pools={H100: 1}),
                   namespace=ns)
     key = wait_for(lambda: [b["metadata"]["name"] for b in cluster.items("enginebuilds", ns)],
                    timeout=30, message="the EngineBuild")[0]

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 
 FLEET = "inferfleet.dev/e2e-fleet=true"
 H100 = "nvidia-h100-80gb-hbm3"
+ON_H100 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
 RESYNC_SECONDS = 4  # operator_process.FAST_FLAGS
 
 
@@ -64,7 +65,7 @@ def _snapshot(cluster, ns) -> dict:
 
 def test_mixed_fleet_serves_compiled_on_nvidia_and_paged_elsewhere(cluster, ns, operator):
     pools = live_pools(cluster, FLEET)
-    writes_before = operator.num_writes()
+    writes_before = operator.writes_by_kind()
     cluster.apply(service_manifest("fleet", replicas=len(pools), pools={p.name: 1 for p in pools}),
                   namespace=ns)
     status = wait_for(lambda: (s := pool_status(cluster, ns, "fleet")) and len(s) == len(pools) and s,
@@ -84,7 +85,8 @@ def test_mixed_fleet_serves_compiled_on_nvidia_and_paged_elsewhere(cluster, ns, 
     builds = _builds(cluster, ns)
     assert len(builds) == len({p.architecture for p in pools if p.name in compiled})
     assert all(b["status"]["state"] == "Ready" for b in builds.values())
-    writes_rollout = operator.num_writes() - writes_before
+    writes_rollout = {kind: n - writes_before.get(kind, 0)
+                      for kind, n in operator.writes_by_kind().items()}
     for entry in obj["status"]["pools"]:
         deployment = _deployment(cluster, ns, "fleet", entry["name"])
         if entry["desiredReplicas"] == 0:
@@ -108,12 +110,13 @@ def test_mixed_fleet_serves_compiled_on_nvidia_and_paged_elsewhere(cluster, ns, 
     assert operator.num_writes() - writes == 0
     num_pools = len([e for e in obj["status"]["pools"] if e["desiredReplicas"]])
     print(f"[measure] first rollout of 1 service over {num_pools} serving pools "
-          f"({len(builds)} builds): {writes_rollout:.0f} API writes; no-op resync: 0 writes")
+          f"({len(builds)} builds): {sum(writes_rollout.values()):.0f} API writes "
+          f"{ {k: int(v) for k, v in sorted(writes_rollout.items()) if v} }; no-op resync: 0 writes")
 
 
 def test_a_failed_build_falls_back_to_paged_and_reports_degraded(cluster, ns, operator):
     cluster.apply(service_manifest("broken", uri="hf://inferfleet-e2e-fail/tiny",
-                                   placement={"vendors": ["nvidia"]}, pools={H100: 1}),
+                                   placement=ON_H100, pools={H100: 1}),
                   namespace=ns)
 
     def degraded():
@@ -132,7 +135,7 @@ def test_a_failed_build_falls_back_to_paged_and_reports_degraded(cluster, ns, op
 
 def test_two_services_with_one_key_share_one_build(cluster, ns, operator):
     for name in ("chat-a", "chat-b"):
-        cluster.apply(service_manifest(name, placement={"vendors": ["nvidia"]}, pools={H100: 1}),
+        cluster.apply(service_manifest(name, placement=ON_H100, pools={H100: 1}),
                       namespace=ns)
     keys = wait_for(lambda: {pool_status(cluster, ns, n).get(H100, {}).get("servingEngineBuild")
                              for n in ("chat-a", "chat-b")} - {None},
@@ -147,7 +150,7 @@ def test_two_services_with_one_key_share_one_build(cluster, ns, operator):
 
 
 def test_an_envelope_change_builds_anew_while_the_old_engine_serves(cluster, ns, operator):
-    manifest = service_manifest("llama", placement={"vendors": ["nvidia"]}, pools={H100: 1})
+    manifest = service_manifest("llama", placement=ON_H100, pools={H100: 1})
     cluster.apply(manifest, namespace=ns)
     old = wait_for(lambda: pool_status(cluster, ns, "llama").get(H100, {}).get("servingEngineBuild"),
                    timeout=60, message="the first engine serving")

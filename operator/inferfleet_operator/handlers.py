@@ -105,6 +105,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         logger.info("Started operator %s for %s", config.instance,
                     "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces))
 
+    @kopf.on.login(**on)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # The same sources, in the same order, as kube.py: the pod's ServiceAccount, else KUBECONFIG.
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.on.cleanup(**on)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.queue.stop()
@@ -245,9 +250,16 @@ async def _work(ctx: Context, key: tuple[str, str, str]) -> float | None:
         return await reconcile.reconcile_build(ctx, namespace, name)
 
 
+def _is_namespace_terminating(error: BaseException) -> bool:
+    return getattr(error, "status", None) == 403 and "being terminated" in str(error)
+
+
 def _failed(metrics: Metrics, key: tuple[str, str, str], error: BaseException) -> None:
     kind, namespace, name = key
     metrics.errors.labels(kind).inc()
+    if _is_namespace_terminating(error):
+        logger.info("Skipped %s %s/%s: its namespace is being deleted", kind, namespace, name)
+        return
     if isinstance(error, kopf.TemporaryError):
         logger.info("Postponed %s %s/%s: %s", kind, namespace, name, error)
     else:

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import api, builds, planner
 from .conditions import warning
-from .kube import Kube, is_subset, needs_apply, strip_object, with_applied_hash
+from .kube import ApiError, Kube, is_subset, needs_apply, strip_object, with_applied_hash
 from .metrics import Metrics
 from .settings import OperatorConfig
 
@@ -117,8 +117,12 @@ class Context:
             self.posted[key] = None
             while len(self.posted) > 10_000:
                 self.posted.popitem(last=False)
-            await self.kube.post_event(obj, type=event.type, reason=event.reason,
-                                       note=event.message, action=action)
+            try:
+                await self.kube.post_event(obj, type=event.type, reason=event.reason,
+                                           note=event.message, action=action)
+            except ApiError as error:  # Events are best effort: never worth a failed reconcile
+                logger.warning("Failed to post Event %s about %s %s: %s", event.reason,
+                               obj["kind"], _ref(obj), error)
 
 
 # ------------------------------------------------------------------------- InferenceService
@@ -149,6 +153,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         # Forced: restores fields someone edited by hand (they hold those fields otherwise).
         num_changes += await ctx.apply(desired, live)
 
+    failures: list[ApiError] = []
     desired_names: dict[str, set[str]] = {kind: set() for kind in CHILD_INDEXES}
     for desired in plan.children:
         kind, child_name = desired["kind"], desired["metadata"]["name"]
@@ -157,7 +162,14 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             if kind in CHILD_INDEXES else None
         # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
         # by another manager, and only a forced apply takes them back.
-        num_changes += await ctx.apply(desired, ctx.fresher(kind, live, namespace, child_name))
+        try:
+            num_changes += await ctx.apply(split_match_fields(desired),
+                                           ctx.fresher(kind, live, namespace, child_name))
+        except ApiError as error:
+            # One refused child must not hold back the others, nor the status that records which
+            # builds this service references (an unrecorded build would be garbage-collected).
+            logger.error("Failed to apply %s %s/%s: %s", kind, namespace, child_name, error)
+            failures.append(error)
 
     for kind, index in CHILD_INDEXES.items():
         for child in ctx.values(index, (namespace, name)):
@@ -174,7 +186,34 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         num_changes += 1
     if num_changes:
         await ctx.post_events(service, plan.events, "Reconcile")
+    if failures:
+        raise failures[0]  # retried by the work queue after its error delay
     return plan.requeue_after
+
+
+def split_match_fields(manifest: dict) -> dict:
+    """The API server allows exactly one value in a `matchFields` In requirement, so a term that
+    pins pods to several node names becomes one term per name (terms are ORed: same meaning).
+
+    Shim for manifests.py, which emits several names in one term; remove once it emits one term
+    per node itself (a no-op then).
+    """
+    pod = manifest.get("spec", {}).get("template", {}).get("spec", {})
+    required = (pod.get("affinity", {}).get("nodeAffinity", {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not required:
+        return manifest
+    terms = []
+    for term in required.get("nodeSelectorTerms", []):
+        fields = term.get("matchFields") or []
+        wide = [f for f in fields if f.get("operator") == "In" and len(f.get("values", [])) > 1]
+        if len(wide) != 1 or len(fields) != 1:
+            terms.append(term)
+            continue
+        terms += [{**term, "matchFields": [{**wide[0], "values": [value]}]}
+                  for value in wide[0]["values"]]
+    required["nodeSelectorTerms"] = terms
+    return manifest
 
 
 def _builds(ctx: Context, namespace: str) -> list[dict]:
@@ -205,7 +244,7 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
         if live_job is None:
             # Not forced, and never re-applied: a Job's template is immutable, and one attempt
             # must map to exactly one Job even across operator restarts.
-            num_changes += await ctx.apply(plan.job, None, force=False)
+            num_changes += await ctx.apply(split_match_fields(plan.job), None, force=False)
 
     if not _same(plan.status, build.get("status") or {}):
         ctx.remember(await ctx.kube.apply_status(build, plan.status))
