@@ -51,24 +51,32 @@ def _set_args(values: dict | None) -> list[str]:
     return [arg for key, value in (values or {}).items() for arg in ("--set-json", f"{key}={json.dumps(value)}")]
 
 
+# The kinds of the chart's own CRDs, as the API server lists them once the CRDs are served (on an
+# upgrade, or an install into a cluster that has them). Without them the chart renders as on the
+# install that creates the CRDs.
+SERVED = ["inferfleet.dev/v1alpha1/InferenceRuntime", "kopf.dev/v1/ClusterKopfPeering", "kopf.dev/v1/KopfPeering"]
+
+
 @pytest.fixture(scope="session")
 def template(helm) -> Callable[..., subprocess.CompletedProcess]:
     """`helm template` of the chart with the given values (unparsed result)."""
     kube_version = _pins()["K8S_VERSION"]
 
-    def run(values: dict | None = None, namespace: str = NAMESPACE) -> subprocess.CompletedProcess:
+    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True) -> subprocess.CompletedProcess:
+        api_versions = [arg for kind in SERVED for arg in ("--api-versions", kind)] if served else []
         return helm("template", RELEASE, str(CHART), "--namespace", namespace,
-                    "--kube-version", kube_version, *_set_args(values))
+                    "--kube-version", kube_version, *api_versions, *_set_args(values))
 
     return run
 
 
 @pytest.fixture(scope="session")
 def render(template) -> Callable[..., list[dict]]:
-    """The chart's objects (hooks included) for the given values; fails the test if helm refuses."""
+    """The chart's objects for the given values; fails the test if helm refuses. served=False renders
+    as on the install that creates the CRDs."""
 
-    def run(values: dict | None = None, namespace: str = NAMESPACE) -> list[dict]:
-        result = template(values, namespace)
+    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True) -> list[dict]:
+        result = template(values, namespace, served)
         assert result.returncode == 0, result.stderr
         return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

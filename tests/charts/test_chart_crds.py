@@ -49,7 +49,7 @@ def test_rendered_crds_equal_the_repository_crds(render):
 
 @pytest.mark.parametrize(("keep", "policy"), [(True, "keep"), (False, None)])
 def test_keep_switch_sets_the_resource_policy(render, keep, policy):
-    objects = render({"crds": {"keep": keep}, "replicaCount": 2})
+    objects = render({"crds": {"keep": keep}}, served=False)
     crds = _inferfleet_crds(objects)
     peering = [obj for obj in objects
                if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == "kopf.dev"]
@@ -59,7 +59,13 @@ def test_keep_switch_sets_the_resource_policy(render, keep, policy):
 
 
 def test_crds_can_be_left_out_of_the_release(render, of_kind):
-    objects = render({"crds": {"enabled": False}, "replicaCount": 2})
+    objects = render({"crds": {"enabled": False}, "replicaCount": 2}, served=False)
     assert not of_kind(objects, "CustomResourceDefinition")
     # Everything else still renders: the operator needs the CRDs, not the chart's copy of them.
-    assert of_kind(objects, "Deployment") and of_kind(objects, "InferenceRuntime")
+    assert of_kind(objects, "Deployment")
+    assert of_kind(render({"crds": {"enabled": False}}), "InferenceRuntime")
+
+
+def test_kopf_peering_crds_come_with_the_others_whatever_the_replica_count(render):
+    names = {obj["metadata"]["name"] for obj in render(served=False) if obj["kind"] == "CustomResourceDefinition"}
+    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= names

@@ -56,6 +56,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if gt (int .Values.replicaCount) 1 -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+Whether the API server served a kind when this release was rendered. Objects of the chart's own
+CRDs (the default runtimes, the peering object) can only be created once their CRD is served:
+helm builds every object of a release before creating any, so on the install that creates the
+CRDs they are left to the next upgrade (NOTES.txt says so).
+*/}}
+{{- define "inferfleet.runtimes.served" -}}
+{{- if .Capabilities.APIVersions.Has "inferfleet.dev/v1alpha1/InferenceRuntime" -}}true{{- end -}}
+{{- end -}}
+
+{{- define "inferfleet.peering.served" -}}
+{{- $kind := ternary "KopfPeering" "ClusterKopfPeering" (gt (len .Values.watchNamespaces) 0) -}}
+{{- if .Capabilities.APIVersions.Has (printf "kopf.dev/v1/%s" $kind) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "inferfleet.peering.name" -}}
 {{- default (include "inferfleet.fullname" .) .Values.leaderElection.peeringName -}}
 {{- end -}}
