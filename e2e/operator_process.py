@@ -110,6 +110,13 @@ class OperatorProcess:
                     counts[key] = counts.get(key, 0) + sample.value
         return counts
 
+    def peak_rss_mb(self) -> float:
+        """The process's peak resident memory (VmHWM), in MiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM in /proc status")
+
     def log_tail(self, num_lines: int = 60) -> str:
         if not self.log_path.exists():
             return ""

@@ -111,7 +111,8 @@ def test_mixed_fleet_serves_compiled_on_nvidia_and_paged_elsewhere(cluster, ns, 
     num_pools = len([e for e in obj["status"]["pools"] if e["desiredReplicas"]])
     print(f"[measure] first rollout of 1 service over {num_pools} serving pools "
           f"({len(builds)} builds): {sum(writes_rollout.values()):.0f} API writes "
-          f"{ {k: int(v) for k, v in sorted(writes_rollout.items()) if v} }; no-op resync: 0 writes")
+          f"{ {k: int(v) for k, v in sorted(writes_rollout.items()) if v} }; no-op resync: 0 writes; "
+          f"operator peak RSS {operator.peak_rss_mb():.0f} MiB")
 
 
 def test_a_failed_build_falls_back_to_paged_and_reports_degraded(cluster, ns, operator):

@@ -218,10 +218,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             memo.node_signatures.pop(name, None)
         else:
             memo.node_signatures[name] = signature
+        memo.ctx.cluster_changed()
         _enqueue_all_services(memo, service_index)
 
     @kopf.on.event(GROUP_VERSION, "inferenceruntimes", **on)
     async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
+        memo.ctx.cluster_changed()
         _enqueue_all_services(memo, service_index)
 
     # Level-triggered safety net: every object is reconciled at least every resync interval.

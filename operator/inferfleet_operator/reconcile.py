@@ -70,6 +70,18 @@ class Context:
     written: dict[tuple[str, str, str], dict] = dataclasses.field(default_factory=dict)
     # Events already posted, so a replayed plan never posts the same Event twice.
     posted: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+    # Nodes and runtimes classified once per change, shared by every service's plan.
+    cluster_version: int = 0
+    _view: tuple[int, planner.ClusterView] | None = None
+
+    def cluster_changed(self) -> None:
+        self.cluster_version += 1
+
+    def cluster_view(self) -> planner.ClusterView:
+        if self._view is None or self._view[0] != self.cluster_version:
+            view = planner.cluster_view(self.all_values(NODES), self.all_values(RUNTIMES))
+            self._view = (self.cluster_version, view)
+        return self._view[1]
 
     @property
     def plan_settings(self) -> api.PlanSettings:
@@ -138,8 +150,8 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
                      for b in _builds(ctx, namespace)}
     deployments = {d["metadata"]["name"]: d for d in ctx.values(DEPLOYMENTS, (namespace, name))}
     try:
-        plan = planner.plan_service(service, ctx.all_values(NODES), ctx.all_values(RUNTIMES),
-                                    builds_by_key, deployments, ctx.clock(), ctx.plan_settings)
+        plan = planner.plan_service_in(ctx.cluster_view(), service, builds_by_key, deployments,
+                                       ctx.clock(), ctx.plan_settings)
     except api.SpecError as error:
         logger.warning("Refused InferenceService %s/%s: %s", namespace, name, error)
         await ctx.post_events(service, [warning("InvalidSpec", str(error))], "Plan")

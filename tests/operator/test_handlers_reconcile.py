@@ -102,6 +102,7 @@ def _runtime(name, engine, vendors, resource, priority, compile_image=None):
 RUNTIMES = [
     _runtime("paged-cuda", "Paged", ["nvidia"], "nvidia.com/gpu", 100),
     _runtime("paged-cpu", "Paged", ["cpu"], "", 10),
+    _runtime("paged-rocm", "Paged", ["amd"], "amd.com/gpu", 100),
     _runtime("compiled-tensorrt", "Compiled", ["nvidia"], "nvidia.com/gpu", 200,
              compile_image="inferfleet/compile-tensorrt:1"),
 ]
@@ -369,3 +370,34 @@ def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
     writes, _ = world.reconcile_build(name, at=NOW + datetime.timedelta(seconds=61))
     assert ("DELETE", "EngineBuild") in writes
     assert world.get("EngineBuild", name) is None
+
+
+def test_a_node_that_joins_adds_a_pool_once_the_cluster_is_marked_changed():
+    service = _service(replicas=3)
+    service["spec"]["pools"].append({"name": "amd-mi300x", "replicas": 1})
+    world = World([service])
+    world.reconcile()
+    world.sync()
+    amd = _node("mi300x-0", {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
+                             "amd.com/gpu.device-id": "74a1"}, {"amd.com/gpu": "8"})
+    world.indices[reconcile.NODES]["mi300x-0"] = [amd]
+    world.ctx.cluster_changed()
+    world.reconcile()
+    names = {k[2] for k in world.api.objects if k[0] == "Deployment"}
+    assert any("mi300x" in name for name in names), names
+
+
+def test_several_node_names_in_one_term_become_one_term_per_node():
+    deployment = {"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In",
+                              "values": ["cpu-0", "cpu-1"]}]},
+            {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]},
+        ]}}}}}}}
+    terms = reconcile.split_match_fields(deployment)["spec"]["template"]["spec"]["affinity"][
+        "nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["cpu-0"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["cpu-1"]}]},
+        {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]},
+    ]
