@@ -8,6 +8,10 @@ The tests of this module run in order on one release (install first, uninstall l
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -245,6 +249,55 @@ def test_namespaced_install_grants_only_the_watched_namespaces(cluster: Cluster,
         helm(cluster, "uninstall", release, "--namespace", state["namespace"], check=False)
         cluster.delete_namespace(watched)
         cluster.delete_namespace(other)
+
+
+# ------------------------------------------------------------------ the operator under the chart's account
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_operator_with_the_chart_service_account_reconciles_a_service(cluster: Cluster, state, tmp_path):
+    """The real operator process, authenticated only by the chart ServiceAccount's token: RBAC is real."""
+    workload = cluster.create_namespace(f"e2e-chart-workload-{SUFFIX}")
+    config = cluster.token_kubeconfig(FULLNAME, state["namespace"], tmp_path / "operator.kubeconfig")
+    health, metrics = _free_ports(2)
+    log_path = tmp_path / "operator.log"
+    with log_path.open("w") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "inferfleet_operator.main", f"--namespace={workload}", f"--health-port={health}",
+             f"--metrics-port={metrics}", f"--engine-cache-claim={FULLNAME}-engine-cache", "--resync-seconds=5"],
+            env={**os.environ, "KUBECONFIG": str(config)}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        cluster.apply({"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
+                       "metadata": {"name": "demo", "namespace": workload},
+                       "spec": {"model": {"name": "demo", "uri": "hf://inferfleet/demo"}, "replicas": 1,
+                                "placement": {"vendors": ["cpu"]}}})
+        deployments = wait_for(lambda: cluster.items("deployments", workload, selector="inferfleet.dev/service=demo"),
+                               timeout=90, message="the operator's serving Deployment")
+        assert deployments[0]["spec"]["template"]["spec"]["containers"][0]["image"].startswith("inferfleet/runtime-cpu:")
+        wait_for(lambda: (cluster.get("inferenceservice", "demo", workload).get("status") or {}).get("conditions"),
+                 timeout=60, message="the service's status conditions")
+        assert operator.poll() is None, "the operator exited"
+        # Deleted while the operator runs, so that it removes its finalizer (else the CRDs could not go).
+        cluster.kubectl("delete", "inferenceservice", "demo", "-n", workload, "--timeout=60s")
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        cluster.delete_namespace(workload)
+    text = log_path.read_text()
+    assert "Forbidden" not in text and " 403" not in text, text[-3000:]
 
 
 # ------------------------------------------------------------------ uninstall
