@@ -239,9 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"compiled engine: {engine_dir} (max batch {compiled.config.max_num_seqs})" if compiled
           else f"compiled engine: skipped ({why_skipped})")
     warm = make_workload(tokenizer, 2, (4, 8), (2, 4), args.seed + 1)
-    run_engine(paged, warm), hf_sequential(hf, warm), hf_padded_batch(hf, warm, pad_id)
-    if compiled:
-        run_engine(compiled, warm)
+    for engine in (paged, compiled) if compiled else (paged,):      # warm-up: first calls allocate and load
+        run_engine(engine, warm)
+    hf_sequential(hf, warm)
+    hf_padded_batch(hf, warm, pad_id)
 
     rows, figures = [], {"levels": {}, "compiled_skipped": why_skipped or None}
     for level in levels:
