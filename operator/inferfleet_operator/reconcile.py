@@ -165,6 +165,13 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         # Forced: restores fields someone edited by hand (they hold those fields otherwise).
         num_changes += await ctx.apply(desired, live)
 
+    # Status next, before the children: it is computed from what was read, not from what the
+    # applies return, and it is what records this service's references to its builds (a build
+    # reconcile that runs meanwhile must not see them unreferenced).
+    if not _same(plan.status, service.get("status") or {}):
+        ctx.remember(await ctx.kube.apply_status(service, plan.status))
+        num_changes += 1
+
     failures: list[ApiError] = []
     desired_names: dict[str, set[str]] = {kind: set() for kind in CHILD_INDEXES}
     for desired in plan.children:
@@ -178,8 +185,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             num_changes += await ctx.apply(split_match_fields(desired),
                                            ctx.fresher(kind, live, namespace, child_name))
         except ApiError as error:
-            # One refused child must not hold back the others, nor the status that records which
-            # builds this service references (an unrecorded build would be garbage-collected).
+            # One refused child must not hold back the others; the reconcile fails at the end.
             logger.error("Failed to apply %s %s/%s: %s", kind, namespace, child_name, error)
             failures.append(error)
 
@@ -193,9 +199,6 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
                 logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
                 num_changes += 1
 
-    if not _same(plan.status, service.get("status") or {}):
-        ctx.remember(await ctx.kube.apply_status(service, plan.status))
-        num_changes += 1
     if num_changes:
         await ctx.post_events(service, plan.events, "Reconcile")
     if failures:
