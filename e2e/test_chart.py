@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 import uuid
 
 import pytest
@@ -287,6 +288,9 @@ def test_operator_with_the_chart_service_account_reconciles_a_service(cluster: C
         wait_for(lambda: (cluster.get("inferenceservice", "demo", workload).get("status") or {}).get("conditions"),
                  timeout=60, message="the service's status conditions")
         assert operator.poll() is None, "the operator exited"
+        # The endpoint the chart's probes call, on the port the chart passes with --health-port.
+        with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as response:
+            assert response.status == 200
         # Deleted while the operator runs, so that it removes its finalizer (else the CRDs could not go).
         cluster.kubectl("delete", "inferenceservice", "demo", "-n", workload, "--timeout=60s")
     finally:
