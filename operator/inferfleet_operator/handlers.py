@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
 import kopf
@@ -55,6 +56,10 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
         settings.peering.name = config.peering
         settings.peering.mandatory = True
         settings.peering.clusterwide = config.is_clusterwide
+        # kopf pauses every peer that ties with another for the top priority, so replicas of one
+        # Deployment (same flags) draw distinct priorities unless one is given.
+        settings.peering.priority = config.peering_priority if config.peering_priority is not None \
+            else random.SystemRandom().randint(1, 1_000_000)
     for group_version, plural in CHILD_RESOURCES.values():
         settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
     for group_version, plural in (("batch/v1", "jobs"), ("v1", "pods")):
@@ -252,14 +257,10 @@ async def _work(ctx: Context, key: tuple[str, str, str]) -> float | None:
         return await reconcile.reconcile_build(ctx, namespace, name)
 
 
-def _is_namespace_terminating(error: BaseException) -> bool:
-    return getattr(error, "status", None) == 403 and "being terminated" in str(error)
-
-
 def _failed(metrics: Metrics, key: tuple[str, str, str], error: BaseException) -> None:
     kind, namespace, name = key
     metrics.errors.labels(kind).inc()
-    if _is_namespace_terminating(error):
+    if reconcile.is_namespace_terminating(error):
         logger.info("Skipped %s %s/%s: its namespace is being deleted", kind, namespace, name)
         return
     if isinstance(error, kopf.TemporaryError):

@@ -185,6 +185,8 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             num_changes += await ctx.apply(split_match_fields(desired),
                                            ctx.fresher(kind, live, namespace, child_name))
         except ApiError as error:
+            if is_namespace_terminating(error):
+                raise  # nothing more can be created there; the service goes with its namespace
             # One refused child must not hold back the others; the reconcile fails at the end.
             logger.error("Failed to apply %s %s/%s: %s", kind, namespace, child_name, error)
             failures.append(error)
@@ -204,6 +206,10 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     if failures:
         raise failures[0]  # retried by the work queue after its error delay
     return plan.requeue_after
+
+
+def is_namespace_terminating(error: BaseException) -> bool:
+    return getattr(error, "status", None) == 403 and "being terminated" in str(error)
 
 
 def split_match_fields(manifest: dict) -> dict:

@@ -14,6 +14,7 @@ class OperatorConfig:
     health_port: int = 8080  # GET /healthz; 0 turns it off
     metrics_port: int = 9090  # GET /metrics; 0 turns it off
     peering: str | None = None  # leader election through kopf peering under this name
+    peering_priority: int | None = None  # the highest live priority is active; None: random
     engine_cache_claim: str = "inferfleet-engine-cache"
     resync_seconds: float = 300.0  # every object is reconciled at least this often
     debounce_seconds: float = 0.2  # triggers for one object within this window run one reconcile
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="elect one active replica through kopf peering objects named NAME")
     peering.add_argument("--standalone", action="store_true",
                          help="no peering: this process is the only operator (the default)")
+    parser.add_argument("--peering-priority", type=int, default=None, metavar="N",
+                        help="with --peering: the replica with the highest priority is active "
+                             "(default: random, so that replicas never tie)")
     parser.add_argument("--engine-cache-claim", default="inferfleet-engine-cache", metavar="NAME",
                         help="PersistentVolumeClaim that holds compiled engines")
     parser.add_argument("--resync-seconds", type=float, default=300.0,
@@ -93,6 +97,7 @@ def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConf
         health_port=args.health_port,
         metrics_port=args.metrics_port,
         peering=args.peering,
+        peering_priority=args.peering_priority,
         engine_cache_claim=args.engine_cache_claim,
         resync_seconds=args.resync_seconds,
         debounce_seconds=args.debounce_seconds,

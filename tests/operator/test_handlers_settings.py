@@ -43,6 +43,12 @@ def test_peering_turns_on_mandatory_leader_election():
     assert settings.peering.mandatory and not settings.peering.standalone
     assert settings.peering.clusterwide
 
+    pinned = kopf.OperatorSettings()
+    apply_settings(pinned, parse_args(["--peering", "p", "--peering-priority", "7"],
+                                      default_instance="x"))
+    assert pinned.peering.priority == 7
+    assert settings.peering.priority >= 1, "replicas without a priority draw one, never tie at 0"
+
     standalone = kopf.OperatorSettings()
     apply_settings(standalone, parse_args([], default_instance="x"))
     assert standalone.peering.standalone
