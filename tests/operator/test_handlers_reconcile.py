@@ -401,3 +401,13 @@ def test_several_node_names_in_one_term_become_one_term_per_node():
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["cpu-1"]}]},
         {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]},
     ]
+
+
+def test_a_spec_the_planner_refuses_writes_nothing_but_one_warning_event():
+    service = _service()
+    service["spec"]["engine"] = {"tensorParallelSize": 2}  # CRD rule: must equal gpusPerReplica
+    world = World([service])
+    assert world.reconcile() == [("POST", "Event")]
+    assert world.api.events[0]["reason"] == "InvalidSpec"
+    assert "tensorParallelSize" in world.api.events[0]["message"]
+    assert world.reconcile() == [], "the same refusal is not posted twice"
