@@ -46,7 +46,8 @@ class OperatorProcess:
     def start(self, timeout: float = 60) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         env.pop("KUBERNETES_SERVICE_HOST", None)  # never mistake the test runner for a pod
-        command = [sys.executable, "-m", "inferfleet_operator.main", "--all-namespaces",
+        scope = [] if any(a.startswith("--namespace") for a in self.args) else ["--all-namespaces"]
+        command = [sys.executable, "-m", "inferfleet_operator.main", *scope,
                    f"--health-port={self.health_port}", f"--metrics-port={self.metrics_port}",
                    "--instance=e2e-operator", *self.args]
         self.num_starts += 1
