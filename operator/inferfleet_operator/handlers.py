@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -26,17 +27,19 @@ CHILD_RESOURCES = {"Deployment": ("apps/v1", "deployments"), "Service": ("v1", "
 logger = logging.getLogger("inferfleet_operator")
 
 
-def _node_view(body: kopf.Body) -> dict:
-    """What the planner reads from a Node: labels, taints, schedulability, capacity, readiness."""
-    status = body.get("status", {})
+def node_view(body: Mapping[str, Any]) -> dict:
+    """What the planner reads from a Node: labels, taints, schedulability, capacity, readiness.
+
+    Heartbeats, images and timestamps are left out, so two views differ only when pools may."""
+    meta, status = body.get("metadata", {}), body.get("status", {})
     return {
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": body.metadata.name, "labels": dict(body.metadata.labels),
-                     "annotations": dict(body.metadata.annotations)},
+        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+                     "annotations": dict(meta.get("annotations") or {})},
         "spec": {k: v for k, v in body.get("spec", {}).items()
                  if k in ("unschedulable", "taints")},
-        "status": {"capacity": status.get("capacity", {}),
-                   "allocatable": status.get("allocatable", {}),
+        "status": {"capacity": dict(status.get("capacity") or {}),
+                   "allocatable": dict(status.get("allocatable") or {}),
                    "conditions": [{"type": c.get("type"), "status": c.get("status")}
                                   for c in status.get("conditions", [])]},
     }
@@ -143,7 +146,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
 
     @kopf.index("v1", "nodes", id=reconcile.NODES, **on)
     async def node_index(name: str, body: kopf.Body, **_: Any):
-        return {name: _node_view(body)}
+        return {name: node_view(body)}
 
     def _child_index(index_id: str, group_version: str, plural: str) -> None:
         @kopf.index(group_version, plural, id=index_id, labels={SERVICE_LABEL: kopf.PRESENT}, **on)
@@ -216,7 +219,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     async def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo,
                    service_index: kopf.Index, **_: Any) -> None:
         # Heartbeats change nodes every few seconds; only what pools are made of re-plans services.
-        signature = None if type == "DELETED" else repr(_node_view(body))
+        signature = None if type == "DELETED" else repr(node_view(body))
         if memo.node_signatures.get(name) == signature:
             return
         if signature is None:

@@ -3,7 +3,7 @@
 import kopf
 import pytest
 
-from inferfleet_operator.handlers import apply_settings, register
+from inferfleet_operator.handlers import apply_settings, node_view, register
 from inferfleet_operator.metrics import Metrics
 from inferfleet_operator.settings import parse_args
 
@@ -81,3 +81,32 @@ def test_every_handler_registers():
                  for h in registry._indexing.get_all_handlers()}
     assert {"inferenceservices", "enginebuilds", "inferenceruntimes", "nodes", "deployments",
             "services", "poddisruptionbudgets", "jobs", "pods"} <= resources
+
+
+def _kwok_node(heartbeat: str, **labels: str) -> dict:
+    return {"metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "amd64", **labels},
+                         "resourceVersion": heartbeat},
+            "spec": {"taints": [], "podCIDR": "10.0.0.0/24"},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "lastHeartbeatTime": heartbeat}],
+                       "images": [{"names": [heartbeat]}]}}
+
+
+def test_node_heartbeats_do_not_change_what_pools_are_made_of():
+    assert node_view(_kwok_node("t1")) == node_view(_kwok_node("t2"))
+
+
+def test_node_labels_taints_capacity_and_readiness_do():
+    base = _kwok_node("t1")
+    relabelled = _kwok_node("t1", **{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    assert node_view(relabelled) != node_view(base)
+    tainted = _kwok_node("t1")
+    tainted["spec"]["taints"] = [{"key": "gpu", "effect": "NoSchedule"}]
+    assert node_view(tainted) != node_view(base)
+    shrunk = _kwok_node("t1")
+    shrunk["status"]["allocatable"] = {"nvidia.com/gpu": "4"}
+    assert node_view(shrunk) != node_view(base)
+    not_ready = _kwok_node("t1")
+    not_ready["status"]["conditions"][0]["status"] = "False"
+    assert node_view(not_ready) != node_view(base)
