@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,9 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: offsets of each sequence's new tokens
     max_query_len: int
     max_seq_len: int
+    # Values derived from the fields above once per step and shared by every layer (e.g. the reference
+    # attention's gather layout), filled in by their first user.
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_decode_only(self) -> bool:

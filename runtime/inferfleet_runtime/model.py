@@ -10,6 +10,7 @@ from torch import nn
 from .attention import AttentionMetadata, KVCache
 from .config import ModelConfig
 from .kernels import KernelOps
+from .kernels.paged_attention import reference_layout
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -61,13 +62,18 @@ class Attention(nn.Module):
         q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
         key_cache, value_cache = kv_cache
         self.ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        if meta.is_decode_only:
-            out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                           max_seq_len=meta.max_seq_len)
-        else:
-            out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                           query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len,
-                                           max_seq_len=meta.max_seq_len)
+        kwargs = {} if meta.is_decode_only else {"query_start_loc": meta.query_start_loc,
+                                                 "max_query_len": meta.max_query_len}
+        if self.ops.backend == "reference":
+            # The gather rows and masks depend on the step, not the layer: derived once, shared by all layers.
+            layout = meta.derived.get("reference_layout")
+            if layout is None:
+                layout = meta.derived["reference_layout"] = reference_layout(
+                    meta.block_tables, meta.seq_lens, key_cache.shape[1], kwargs.get("query_start_loc"),
+                    meta.max_seq_len)
+            kwargs["layout"] = layout
+        out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                       max_seq_len=meta.max_seq_len, **kwargs)
         return self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, hidden]
 
 

@@ -44,44 +44,83 @@ LOG2_E = 1.4426950408889634
 MAX_PARTITIONS = 128
 
 
-def paged_attention_reference(
-    query, key_cache, value_cache, block_tables, seq_lens, scale,
-    query_start_loc=None, max_query_len=1, max_seq_len=None,
-):
-    """The spec. Vectorised over sequences: gathers each sequence's blocks, pads to the longest."""
+@dataclass(frozen=True)
+class ReferenceLayout:
+    """What the reference derives from the block tables and lengths alone, the same in every layer of a step:
+    build it once per step with `reference_layout` and pass it to every layer's call."""
+
+    rows: torch.Tensor                 # [num_seqs * num_keys] int64: flat cache row of each padded key position
+    mask: torch.Tensor                 # [num_seqs, 1, max_q, num_keys] bool: which keys each query row sees
+    seq_of_token: torch.Tensor | None  # [num_tokens] int64 (None for decode: token i is sequence i, row 0)
+    row_of_token: torch.Tensor | None  # [num_tokens] int64
+    num_seqs: int
+    max_q: int
+    num_keys: int                      # gathered key positions per sequence: whole blocks up to the longest
+
+
+def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, max_seq_len=None) -> ReferenceLayout:
+    """The gather rows, causal mask and query scatter of `paged_attention_reference` for one batch."""
     num_seqs = seq_lens.shape[0]
-    num_tokens, num_q_heads, head_dim = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    device = query.device
-    if num_tokens == 0:
-        return torch.empty_like(query)
-    if query_start_loc is None:
-        query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=device)
+    device = seq_lens.device
     seq_lens = seq_lens.long()
-    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
-    max_q = int(q_lens.max())
     max_k = int(seq_lens.max()) if max_seq_len is None else int(max_seq_len)
     num_blocks = (max_k + block_size - 1) // block_size
-    # k, v: [num_seqs, num_blocks * block_size, Hkv, D]
+    num_keys = num_blocks * block_size
     blocks = block_tables[:, :num_blocks].long()
-    k = key_cache[blocks].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_dim)
-    v = value_cache[blocks].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_dim)
-    # Scatter the flat queries into [num_seqs, max_q, Hq, D].
-    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
-    row_of_token = torch.arange(num_tokens, device=device) - query_start_loc[:-1].long()[seq_of_token]
-    q = query.new_zeros(num_seqs, max_q, num_q_heads, head_dim)
-    q[seq_of_token, row_of_token] = query
+    rows = (blocks[:, :, None] * block_size + torch.arange(block_size, device=device)).reshape(-1)
+    if query_start_loc is None:
+        q_lens = torch.ones(num_seqs, dtype=torch.int64, device=device)
+        max_q, seq_of_token, row_of_token = 1, None, None
+    else:
+        q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+        max_q = int(q_lens.max())
+        num_tokens = int(query_start_loc[-1])
+        seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
+        row_of_token = torch.arange(num_tokens, device=device) - query_start_loc[:-1].long()[seq_of_token]
+        if max_q == 1 and num_tokens == num_seqs:      # one token per sequence, in order: no scatter needed
+            seq_of_token = row_of_token = None
     # Query row r of sequence b sits at position seq_len - q_len + r and sees keys up to it;
     # padding rows see key 0 only (keeps softmax finite; their output is dropped).
     q_pos = seq_lens[:, None] - q_lens[:, None] + torch.arange(max_q, device=device)[None, :]
-    k_pos = torch.arange(num_blocks * block_size, device=device)
+    k_pos = torch.arange(num_keys, device=device)
     mask = k_pos[None, None, :] <= q_pos[:, :, None]
     mask |= (k_pos == 0)[None, None, :]
+    return ReferenceLayout(rows, mask[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
+
+
+def paged_attention_reference(
+    query, key_cache, value_cache, block_tables, seq_lens, scale,
+    query_start_loc=None, max_query_len=1, max_seq_len=None, layout: ReferenceLayout | None = None,
+):
+    """The spec. Vectorised over sequences: gathers each sequence's blocks, pads to the longest.
+
+    layout: `reference_layout(...)` of these block tables and lengths, when the caller shares one across layers.
+    """
+    num_tokens, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if num_tokens == 0:
+        return torch.empty_like(query)
+    if layout is None:
+        layout = reference_layout(block_tables, seq_lens, block_size, query_start_loc, max_seq_len)
+    num_seqs, max_q, num_keys = layout.num_seqs, layout.max_q, layout.num_keys
+    # k, v: [num_seqs, num_keys, Hkv, D]
+    k = key_cache.reshape(-1, num_kv_heads, head_dim).index_select(0, layout.rows)
+    v = value_cache.reshape(-1, num_kv_heads, head_dim).index_select(0, layout.rows)
+    k = k.view(num_seqs, num_keys, num_kv_heads, head_dim)
+    v = v.view(num_seqs, num_keys, num_kv_heads, head_dim)
+    # The flat queries as [num_seqs, max_q, Hq, D].
+    if layout.seq_of_token is None:
+        q = query.view(num_seqs, 1, num_q_heads, head_dim)
+    else:
+        q = query.new_zeros(num_seqs, max_q, num_q_heads, head_dim)
+        q[layout.seq_of_token, layout.row_of_token] = query
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
-        attn_mask=mask[:, None], scale=scale, enable_gqa=num_q_heads != num_kv_heads,
+        attn_mask=layout.mask, scale=scale, enable_gqa=num_q_heads != num_kv_heads,
     )  # [num_seqs, Hq, max_q, D]
-    return out.transpose(1, 2)[seq_of_token, row_of_token].to(query.dtype)
+    if layout.seq_of_token is None:
+        return out[:, :, 0].to(query.dtype)
+    return out.transpose(1, 2)[layout.seq_of_token, layout.row_of_token].to(query.dtype)
 
 
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
