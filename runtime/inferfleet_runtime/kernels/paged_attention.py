@@ -50,7 +50,8 @@ class ReferenceLayout:
     build it once per step with `reference_layout` and pass it to every layer's call."""
 
     rows: torch.Tensor                 # [num_seqs * num_keys] int64: flat cache row of each padded key position
-    mask: torch.Tensor                 # [num_seqs, 1, max_q, num_keys] bool: which keys each query row sees
+    mask: torch.Tensor                 # [num_seqs, 1, max_q, num_keys] float32: 0 for keys a query row sees, else
+                                       # -inf (what SDPA makes of a bool mask, made once instead of per call)
     seq_of_token: torch.Tensor | None  # [num_tokens] int64 (None for decode: token i is sequence i, row 0)
     row_of_token: torch.Tensor | None  # [num_tokens] int64
     num_seqs: int
@@ -85,7 +86,8 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
     k_pos = torch.arange(num_keys, device=device)
     mask = k_pos[None, None, :] <= q_pos[:, :, None]
     mask |= (k_pos == 0)[None, None, :]
-    return ReferenceLayout(rows, mask[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
+    bias = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill_(~mask, float("-inf"))
+    return ReferenceLayout(rows, bias[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
 
 
 def paged_attention_reference(
