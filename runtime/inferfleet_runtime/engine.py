@@ -232,9 +232,10 @@ class LLMEngine:
     def _delta(self, seq: Sequence) -> CompletionOutput:
         text = seq.output_text[seq.num_sent_chars:seq.num_stable_chars]
         seq.num_sent_chars = max(seq.num_sent_chars, seq.num_stable_chars)
-        tokens = seq.output_token_ids[seq.num_sent_tokens:]
+        num_output = seq.num_output_tokens
+        tokens = seq.token_ids[seq.num_tokens - num_output + seq.num_sent_tokens:]
         logprobs = seq.logprobs[seq.num_sent_tokens:]
-        seq.num_sent_tokens = seq.num_output_tokens
+        seq.num_sent_tokens = num_output
         reason = seq.finish_reason.value if seq.finish_reason else None
         return CompletionOutput(seq.index, text, tokens, logprobs, reason)
 

@@ -62,20 +62,27 @@ class ModelRunner:
         seq_lens = [seq.num_computed_tokens + n for seq, n in zip(seqs, num_new)]
         meta, positions = build_attention_metadata([seq.block_ids for seq in seqs], seq_lens, num_new,
                                                    self.block_size, self.device)
-        token_ids = [t for seq, n in zip(seqs, num_new) for t in seq.token_ids[seq.num_computed_tokens:][:n]]
+        # One pass: the new tokens' ids, and which sequences reach their last token (batch.samples) with the
+        # flat index of that token.
+        token_ids: list[int] = []
+        rows: list[int] = []
+        last_index: list[int] = []
+        end = 0
+        for i, (seq, n) in enumerate(zip(seqs, num_new)):
+            start = seq.num_computed_tokens
+            token_ids += seq.token_ids[start:start + n]
+            end += n
+            if start + n == len(seq.token_ids):
+                rows.append(i)
+                last_index.append(end - 1)
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)   # [num_tokens, hidden]
-        rows = [i for i in range(len(seqs)) if batch.samples(i)]
         results: list[tuple[int, Logprob | None] | None] = [None] * len(seqs)
         if not rows:
             return results
-        ends = []
-        end = 0
-        for n in num_new:
-            end += n
-            ends.append(end - 1)
-        last = torch.tensor([ends[i] for i in rows], dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden[last])                    # [num_rows, vocab] float32
+        if len(last_index) < hidden.shape[0]:      # else every token is its sequence's last (decode): no gather
+            hidden = hidden[torch.tensor(last_index, dtype=torch.int64, device=self.device)]
+        logits = self.model.compute_logits(hidden)                          # [num_rows, vocab] float32
         for i, sample in zip(rows, self.sampler.sample(logits, [seqs[i] for i in rows])):
             results[i] = sample
         return results
