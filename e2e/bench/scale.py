@@ -30,6 +30,7 @@ import base64
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -200,8 +201,21 @@ async def create_all(client: PlainClient, objects: list[dict]) -> None:
     await asyncio.gather(*(client.create(o) for o in objects))
 
 
-async def wait_until(predicate, what: str, total: int, timeout: float, started: float) -> float:
-    """Polls the async predicate (-> number done) every 0.5 s until it reaches total; seconds since started."""
+class NodesLost(RuntimeError):
+    """A bench node went NotReady during a timed run: its pods lost Ready for good (KWOK does not
+    make them Ready again), so the run cannot finish and its figures would mean nothing."""
+
+
+async def num_nodes_not_ready(client: PlainClient) -> int:
+    nodes = await client.list("/api/v1/nodes", f"{BENCH_LABEL}=true")
+    return sum(1 for n in nodes if not any(c.get("type") == "Ready" and c.get("status") == "True"
+                                           for c in (n.get("status") or {}).get("conditions") or []))
+
+
+async def wait_until(client: PlainClient, predicate, what: str, total: int, timeout: float,
+                     started: float, check_nodes: bool = True) -> float:
+    """Polls the async predicate (-> number done) every second until it reaches total; seconds since
+    started. Every 5 s: a progress line, and a check that every bench node is still Ready."""
     last_report = 0.0
     while True:
         done = await predicate()
@@ -212,12 +226,20 @@ async def wait_until(predicate, what: str, total: int, timeout: float, started: 
         if elapsed - last_report >= 5:
             log(f"{what}: {done}/{total} after {elapsed:.0f} s")
             last_report = elapsed
+            lost = await num_nodes_not_ready(client) if check_nodes else 0
+            if lost:
+                raise NodesLost(f"{lost} KWOK node(s) went NotReady during the run (their lease "
+                                "renewals were starved: the machine is overloaded); rerun smaller")
         if elapsed > timeout:
             raise TimeoutError(f"{what}: only {done}/{total} after {elapsed:.0f} s")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
 
 
 # ----------------------------------------------------------------------------- the two runs
+
+
+async def _num_ready_nodes(client: PlainClient, total: int) -> int:
+    return total - await num_nodes_not_ready(client)
 
 
 async def run_floor(client: PlainClient, children: list[list[dict]], timeout: float) -> dict:
@@ -236,7 +258,7 @@ async def run_floor(client: PlainClient, children: list[list[dict]], timeout: fl
     # Per service in the planner's order (Deployments, Service, PDB), services side by side.
     await asyncio.gather(*(_apply_in_order(client, per) for per in children))
     log(f"floor: applied {sum(map(len, children))} objects in {time.monotonic() - started:.1f} s")
-    seconds = await wait_until(num_ready, "floor: Deployments ready", len(wanted), timeout, started)
+    seconds = await wait_until(client, num_ready, "floor: Deployments ready", len(wanted), timeout, started)
     own = client.num_requests - own_before + 1  # + the /metrics read below
     after = await client.apiserver_requests()
     return {"seconds": seconds, "num_objects": sum(map(len, children)), "num_deployments": len(wanted),
@@ -286,17 +308,20 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
     await wait_idle(operator.process.pid)
     idle_memory = _memory_kib(operator.process.pid)
     requests_before = operator.metric("inferfleet_operator_api_requests_total")
+    requests_by_kind = _requests_by_verb_kind(operator.metrics_text(), {})
     writes_before = operator.num_writes()
     before, own_before = await client.apiserver_requests(), client.num_requests
+    cpu_before = _cpu_seconds(operator.process.pid)
     started = time.monotonic()
     await create_all(client, services)
     log(f"operator: created {len(services)} InferenceServices in {time.monotonic() - started:.1f} s")
-    seconds = await wait_until(num_ready, "operator: InferenceServices Ready", len(wanted), timeout, started)
+    seconds = await wait_until(client, num_ready, "operator: InferenceServices Ready", len(wanted), timeout, started)
     own = client.num_requests - own_before + 1
     after = await client.apiserver_requests()
     memory = _memory_kib(operator.process.pid)
     result = {
         "seconds": seconds,
+        "cpu_seconds": _cpu_seconds(operator.process.pid) - cpu_before,
         "operator_requests": operator.metric("inferfleet_operator_api_requests_total") - requests_before,
         "operator_writes": operator.num_writes() - writes_before,
         "apiserver_requests_others": after - before - own,
@@ -304,6 +329,7 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
         "idle_rss_mb": idle_memory["VmRSS"] / 1024,
         "reconciles": operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService"),
         "reconcile_errors": operator.metric("inferfleet_operator_reconcile_errors_total"),
+        "requests_by_verb_kind": _requests_by_verb_kind(operator.metrics_text(), requests_by_kind),
     }
     children = 0
     for kind in ("deployments", "services", "poddisruptionbudgets"):
@@ -312,6 +338,17 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
         children += sum(1 for o in live if (o["metadata"]["namespace"], o["metadata"]["labels"].get("inferfleet.dev/service")) in wanted)
     result["num_objects"] = children
     return result
+
+
+def _requests_by_verb_kind(metrics_text: str, before: dict[str, float]) -> dict[str, float]:
+    """The operator's own count of API requests, "verb kind" -> number since `before`."""
+    counts = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "inferfleet_operator_api_requests_total":
+                key = f"{sample.labels['verb']} {sample.labels['kind']}"
+                counts[key] = sample.value - before.get(key, 0)
+    return {k: v for k, v in sorted(counts.items()) if v}
 
 
 def _is_ready(service: dict) -> bool:
@@ -342,10 +379,9 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
         nodes = make_nodes(args.nodes)
         log(f"Registering {len(nodes)} KWOK nodes")
         await create_all(client, nodes)
-        wait_for(lambda: sum(1 for n in cluster.items("nodes", selector=f"{BENCH_LABEL}=true")
-                             if any(c["type"] == "Ready" and c["status"] == "True"
-                                    for c in n.get("status", {}).get("conditions", []))) == len(nodes),
-                 timeout=600, interval=2, message=f"{len(nodes)} KWOK nodes Ready")
+        started = time.monotonic()
+        await wait_until(client, lambda: _num_ready_nodes(client, len(nodes)), "KWOK nodes Ready",
+                         len(nodes), 900, started, check_nodes=False)
         log("Installing CRDs, runtimes and the operator's ServiceAccount")
         operator_kubeconfig = install(cluster, work)
         count = max(1, min(args.namespaces, args.services))
@@ -369,7 +405,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
         try:
             op = await run_operator(client, operator, services, args.timeout)
         except BaseException:
-            log(f"Operator log tail:\n{operator.log_tail(30)}")
+            log(f"Operator log tail ({work / 'operator.log'}):\n{operator.log_tail(30)}")
             raise
         finally:
             operator.stop()
@@ -382,8 +418,11 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
             "ratio": round(op["seconds"] / floor["seconds"], 2),
             "operator_api_requests_per_service": round(op["operator_requests"] / num, 2),
             "operator_api_writes_per_service": round(op["operator_writes"] / num, 2),
+            "operator_api_requests_by_verb_kind_per_service": {
+                k: round(v / num, 2) for k, v in op["requests_by_verb_kind"].items()},
             "apiserver_requests_per_service_operator_run": round(op["apiserver_requests_others"] / num, 1),
             "apiserver_requests_per_service_floor_run": round(floor["apiserver_requests_others"] / num, 1),
+            "operator_cpu_seconds": round(op["cpu_seconds"], 1),
             "operator_peak_rss_mb": round(op["peak_rss_mb"], 1), "operator_rss_mb": round(op["rss_mb"], 1),
             "operator_idle_rss_mb": round(op["idle_rss_mb"], 1),
             "operator_reconciles": int(op["reconciles"]), "operator_reconcile_errors": int(op["reconcile_errors"]),
@@ -400,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8,
                         help="requests in flight of the bench's own client (the operator's default)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run before giving up")
-    parser.add_argument("--kubeconfig", type=Path, help="a running cluster to use (default: start one)")
+    parser.add_argument("--kubeconfig", type=Path, help="a fresh running cluster to use (default: start one); what the bench "
+                             "creates there (nodes, scale-* namespaces) is left in place")
     parser.add_argument("--keep-cluster", action="store_true", help="leave the bench's own cluster up")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -422,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         if is_own and not args.keep_cluster:
             log("Stopping the cluster")
             stop_cluster(state)
+    shutil.rmtree(work, ignore_errors=True)  # kept (with the operator's log) when the run failed
     result["wall_seconds"] = round(time.monotonic() - started, 1)
     result["command"] = "python e2e/bench/scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for key, value in result.items():
