@@ -129,6 +129,15 @@ class BlockManager:
         num_needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
         return num_needed <= len(self._free)
 
+    def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """can_append and append in one: grows seq by num_new_tokens when the free blocks allow."""
+        num_needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_ids)
+        if num_needed > len(self._free):
+            return False
+        for _ in range(num_needed):
+            seq.block_ids.append(self._take_free_block())
+        return True
+
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         num_needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
         assert num_needed <= len(self._free), "append without can_append"

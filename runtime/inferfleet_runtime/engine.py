@@ -185,7 +185,10 @@ class LLMEngine:
         outputs = []
         for request_id, seqs in changed.items():
             request = self._requests[request_id]
-            finished = all(s.is_finished for s in request.seqs) and not request.num_pending_children
+            if len(request.seqs) == 1:    # n == 1 (children are forked before this loop)
+                finished = seqs[0].is_finished and not request.num_pending_children
+            else:
+                finished = all(s.is_finished for s in request.seqs) and not request.num_pending_children
             if finished:
                 del self._requests[request_id]
             parent = request.seqs[0]
@@ -224,7 +227,8 @@ class LLMEngine:
             reason = FinishReason.LENGTH
             seq.output_text += seq.detokenizer.flush()
         if reason is None:
-            seq.num_stable_chars = len(seq.output_text) - _partial_stop_len(seq.output_text, params.stop)
+            seq.num_stable_chars = len(seq.output_text) - (
+                _partial_stop_len(seq.output_text, params.stop) if params.stop else 0)
             return
         seq.num_stable_chars = len(seq.output_text)
         self.scheduler.finish(seq, reason)

@@ -87,14 +87,13 @@ class Scheduler:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert num_new > 0, "a running sequence always has a token to compute"
-            while not self.block_manager.can_append(seq, num_new):
+            while not self.block_manager.try_append(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
                     break
             else:
-                self.block_manager.append(seq, num_new)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(num_new)
                 budget -= num_new
