@@ -131,13 +131,19 @@ def _fetch_container(image: str, args: list[str], settings: PlanSettings) -> dic
 
 def _node_affinity(pool: Pool) -> dict:
     """Pin to the pool: by its product label when every node carries one (no roll when nodes join), else by
-    node name (matchFields metadata.name: exact, but the pod template changes as nodes join or leave)."""
+    node name (exact, but the pod template changes as nodes join or leave)."""
     if pool.pool_label is not None:
         key, value = pool.pool_label
-        term = {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+        terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}]
     else:
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(pool.node_names)}]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+        terms = _node_name_terms(pool.node_names)
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def _node_name_terms(node_names) -> list[dict]:
+    """One term per node: the API server allows exactly one value in a `matchFields` In requirement, and
+    terms are ORed, so this pins to any of the named nodes."""
+    return [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in node_names]
 
 
 def _envelope_args(envelope) -> list[str]:
@@ -326,8 +332,8 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
     if fetches:
         pod_spec["initContainers"] = [_fetch_container(spec.compile_image, a, settings) for a in fetches]
     if spec.placement.node_names:
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(spec.placement.node_names)}]}
-        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+        terms = _node_name_terms(spec.placement.node_names)
+        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
     if spec.placement.tolerations:
         pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
     return {

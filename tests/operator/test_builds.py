@@ -62,8 +62,8 @@ def test_compile_job_runs_the_compile_contract_on_the_target_nodes():
     assert container["args"][:7] == ["compile", "--model", "/models/model", "--out", f"/engines/{KEY}", "--backend", "tensorrt"]
     assert "--max-context-length" in container["args"] and container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert spec["initContainers"][0]["args"] == ["fetch", "--uri", "hf://org/m", "--to", "/models/model"]
-    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h1", "h2"]}]}
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in ("h1", "h2")]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["engines"].get("readOnly") is None  # the compile Job writes the cache
 

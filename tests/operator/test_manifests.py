@@ -85,8 +85,9 @@ def test_pool_with_a_common_product_label_is_pinned_by_it_else_by_node_names():
     bare = [node("r1", {}, {"nvidia.com/gpu": "1"}), node("r2", {}, {"nvidia.com/gpu": "1"})]
     p = plan_service(service(runtime={"policy": "Paged"}), bare, RUNTIMES, {}, {}, NOW)
     dep = next(c for c in p.children if c["kind"] == "Deployment")
-    term = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["r1", "r2"]}]}
+    terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # One name per term: the API server refuses a matchFields In with more than one value.
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in ("r1", "r2")]
 
 
 def test_model_volume_follows_the_uri_scheme():
