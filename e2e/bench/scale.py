@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 E2E = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(E2E))
 
-from helpers import CLUSTER_DIR, Cluster, cluster_bin, node_manifests, wait_for  # noqa: E402
+from helpers import CLUSTER_DIR, Cluster, cluster_bin, is_true, node_manifests, wait_for  # noqa: E402
 from operator_process import OperatorProcess, install, runtime_objects  # noqa: E402
 
 from inferfleet_operator.kube import Credentials, resource_path  # noqa: E402
@@ -371,6 +371,11 @@ def stop_cluster(state: Path) -> None:
     subprocess.run(["bash", str(CLUSTER_DIR / "down.sh")], check=False, env=env, stdout=subprocess.DEVNULL)
 
 
+def _num_established_crds(cluster: Cluster) -> int:
+    return sum(1 for crd in cluster.items("crd")
+               if crd["metadata"]["name"].endswith(".inferfleet.dev") and is_true(crd, "Established"))
+
+
 async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: bool) -> dict:
     client = PlainClient(cluster.kubeconfig, args.concurrency)
     try:
@@ -383,6 +388,11 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
         await wait_until(client, lambda: _num_ready_nodes(client, len(nodes)), "KWOK nodes Ready",
                          len(nodes), 900, started, check_nodes=False)
         log("Installing CRDs, runtimes and the operator's ServiceAccount")
+        # The CRDs first, waited for here: `kubectl wait` in install() fails outright when a CRD
+        # has no status yet ("status.conditions accessor error"), a race right after creating it.
+        cluster.kubectl("apply", "-f", str(E2E.parent / "crds"))
+        wait_for(lambda: _num_established_crds(cluster) == 3, timeout=60,
+                 message="the three inferfleet CRDs Established")
         operator_kubeconfig = install(cluster, work)
         count = max(1, min(args.namespaces, args.services))
         op_ns = [f"scale-op-{i}" for i in range(count)]
