@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from helpers import ROOT, Cluster, wait_for
-from inferfleet_operator import reconcile
 from inferfleet_operator.builds import plan_build
 from inferfleet_operator.planner import plan_service
 
@@ -102,12 +101,8 @@ def test_serving_and_compile_pods_the_operator_renders_are_admitted(cluster: Clu
     assert engines == {"paged", "compiled"}, f"expected paged and compiled serving pods, got {engines}"
     assert jobs, "expected compile Jobs"
 
-    # What the operator applies: the planner's manifest through the reconcile's apply-time shim for
-    # node-name affinity (absent once the planner emits one term per node, and then not needed).
-    as_applied = getattr(reconcile, "split_match_fields", lambda manifest: manifest)
-
     def pod_spec(obj: dict) -> dict:
-        return as_applied(copy.deepcopy(obj))["spec"]["template"]["spec"]
+        return copy.deepcopy(obj)["spec"]["template"]["spec"]
 
     refusals = {}
     for index, obj in enumerate([*bridging, *serving, *jobs]):

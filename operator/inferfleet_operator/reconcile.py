@@ -182,7 +182,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
         # by another manager, and only a forced apply takes them back.
         try:
-            num_changes += await ctx.apply(split_match_fields(desired),
+            num_changes += await ctx.apply(desired,
                                            ctx.fresher(kind, live, namespace, child_name))
         except ApiError as error:
             if is_namespace_terminating(error):
@@ -210,31 +210,6 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
 
 def is_namespace_terminating(error: BaseException) -> bool:
     return getattr(error, "status", None) == 403 and "being terminated" in str(error)
-
-
-def split_match_fields(manifest: dict) -> dict:
-    """The API server allows exactly one value in a `matchFields` In requirement, so a term that
-    pins pods to several node names becomes one term per name (terms are ORed: same meaning).
-
-    Shim for manifests.py, which emits several names in one term; remove once it emits one term
-    per node itself (a no-op then).
-    """
-    pod = manifest.get("spec", {}).get("template", {}).get("spec", {})
-    required = (pod.get("affinity", {}).get("nodeAffinity", {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
-    if not required:
-        return manifest
-    terms = []
-    for term in required.get("nodeSelectorTerms", []):
-        fields = term.get("matchFields") or []
-        wide = [f for f in fields if f.get("operator") == "In" and len(f.get("values", [])) > 1]
-        if len(wide) != 1 or len(fields) != 1:
-            terms.append(term)
-            continue
-        terms += [{**term, "matchFields": [{**wide[0], "values": [value]}]}
-                  for value in wide[0]["values"]]
-    required["nodeSelectorTerms"] = terms
-    return manifest
 
 
 def _builds(ctx: Context, namespace: str) -> list[dict]:
@@ -265,7 +240,7 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
         if live_job is None:
             # Not forced, and never re-applied: a Job's template is immutable, and one attempt
             # must map to exactly one Job even across operator restarts.
-            num_changes += await ctx.apply(split_match_fields(plan.job), None, force=False)
+            num_changes += await ctx.apply(plan.job, None, force=False)
 
     if not _same(plan.status, build.get("status") or {}):
         ctx.remember(await ctx.kube.apply_status(build, plan.status))

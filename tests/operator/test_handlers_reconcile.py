@@ -387,22 +387,6 @@ def test_a_node_that_joins_adds_a_pool_once_the_cluster_is_marked_changed():
     assert any("mi300x" in name for name in names), names
 
 
-def test_several_node_names_in_one_term_become_one_term_per_node():
-    deployment = {"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "In",
-                              "values": ["cpu-0", "cpu-1"]}]},
-            {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]},
-        ]}}}}}}}
-    terms = reconcile.split_match_fields(deployment)["spec"]["template"]["spec"]["affinity"][
-        "nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["cpu-0"]}]},
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["cpu-1"]}]},
-        {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]},
-    ]
-
-
 def test_a_spec_the_planner_refuses_writes_nothing_but_one_warning_event():
     service = _service()
     service["spec"]["engine"] = {"tensorParallelSize": 2}  # CRD rule: must equal gpusPerReplica
