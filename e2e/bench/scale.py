@@ -17,8 +17,9 @@ and prints the ratio operator/floor, API requests per service and the operator's
 The floor runs first: its objects carry another managed-by label, so the operator's label-selected
 watches never see them, while the API server, scheduler and controllers still carry their load
 (conservative for the operator). Service mix: 80% runtime.policy Paged spread over the vendors,
-20% Auto placed on AMD/Intel (which resolves to Paged there); none on the CPU pool (see PAGED_VENDORS). Compiled engines are left out:
-the floor has no way to express a compile step, and builds would dominate the time.
+20% Auto placed on AMD/Intel (which resolves to Paged there); none on the CPU pool (see
+fleet.PAGED_VENDORS). Compiled engines are left out: the floor has no way to express a compile
+step, and builds would dominate the time.
 Progress goes to stderr; the figures go to stdout, and to --json as an object.
 """
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import copy
 import json
 import os
 import shutil
@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -45,99 +44,19 @@ from prometheus_client.parser import text_string_to_metric_families
 E2E = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(E2E))
 
-from helpers import CLUSTER_DIR, Cluster, cluster_bin, is_true, node_manifests, wait_for  # noqa: E402
+from helpers import CLUSTER_DIR, Cluster, cluster_bin, is_true, wait_for  # noqa: E402
 from operator_process import OperatorProcess, install, runtime_objects  # noqa: E402
 
 from inferfleet_operator.kube import Credentials, resource_path  # noqa: E402
-from inferfleet_operator.planner import cluster_view, plan_service_in  # noqa: E402
 
-BENCH_LABEL = "inferfleet.dev/scale-bench"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-FLOOR_MANAGER = "inferfleet-scale-floor"
+from fleet import (  # noqa: E402  (e2e/bench/, this script's folder)
+    BENCH_LABEL, FLOOR_MANAGER, MANAGED_BY_LABEL, floor_children, make_nodes, make_services)
+
 USER_AGENT = "inferfleet-scale-bench"
-# (share of the nodes, e2e fixture whose first node is the template)
-NODE_MIX = [(0.30, "nvidia-h100"), (0.20, "nvidia-a100"), (0.20, "amd-mi300x"),
-            (0.15, "intel-max1550"), (0.15, "cpu")]
-# No service is placed on the CPU pool: the planner pins a pool without a product label (CPU nodes)
-# with one matchFields metadata.name term listing every node, which the API server refuses for
-# more than one node ("must be only one value when operator is In"). The CPU nodes stay in the fleet.
-PAGED_VENDORS = [["nvidia"], ["amd"], ["intel"], ["nvidia", "amd"]]
-AUTO_VENDORS = [["amd"], ["intel"]]
 
 
 def log(message: str) -> None:
     print(f"[scale] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- what is created
-
-
-def make_nodes(num_nodes: int) -> list[dict]:
-    """num_nodes Node objects, pools in NODE_MIX proportions (largest remainder), named <fixture>-bench-<i>."""
-    counts = {fixture: int(share * num_nodes) for share, fixture in NODE_MIX}
-    by_remainder = sorted(NODE_MIX, key=lambda m: -(m[0] * num_nodes % 1))
-    for _, fixture in by_remainder[:num_nodes - sum(counts.values())]:
-        counts[fixture] += 1
-    nodes = []
-    for fixture, count in counts.items():
-        template = node_manifests(fixture)[0]
-        for i in range(count):
-            node = copy.deepcopy(template)
-            name = f"{fixture}-bench-{i}"
-            labels = node["metadata"]["labels"]
-            labels.pop("inferfleet.dev/e2e-fleet", None)
-            labels.update({"kubernetes.io/hostname": name, BENCH_LABEL: "true"})
-            node["metadata"]["name"] = name
-            nodes.append(node)
-    return nodes
-
-
-def make_services(num_services: int, namespaces: list[str]) -> list[dict]:
-    """The InferenceServices: 80% Paged over PAGED_VENDORS, 20% Auto over AUTO_VENDORS; every 4th has 2 replicas."""
-    services = []
-    for i in range(num_services):
-        if i % 5 == 4:
-            policy, vendors = "Auto", AUTO_VENDORS[(i // 5) % len(AUTO_VENDORS)]
-        else:
-            policy, vendors = "Paged", PAGED_VENDORS[i % len(PAGED_VENDORS)]
-        spec = {"model": {"name": f"model-{i % 20}", "uri": f"hf://bench/model-{i % 20}"},
-                "replicas": 2 if i % 4 == 3 else 1, "runtime": {"policy": policy}}
-        spec["placement"] = {"vendors": vendors}
-        services.append({"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-                         "metadata": {"name": f"svc-{i}", "namespace": namespaces[i % len(namespaces)],
-                                      "labels": {BENCH_LABEL: "true"}},
-                         "spec": spec})
-    return services
-
-
-def _relabel(obj, value: str):
-    """A copy with every managed-by label (metadata, selectors, pod templates) set to `value`."""
-    if isinstance(obj, dict):
-        return {k: (value if k == MANAGED_BY_LABEL else _relabel(v, value)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_relabel(v, value) for v in obj]
-    return obj
-
-
-def floor_children(services: list[dict], nodes: list[dict], runtimes: list[dict],
-                   namespaces: dict[str, str]) -> list[list[dict]]:
-    """Per service, the children the pure planner renders, moved to the floor namespaces, without
-    ownerReferences (no InferenceService owns them) and under the floor's managed-by label."""
-    view = cluster_view(nodes, runtimes)
-    now = datetime.now(timezone.utc)
-    result = []
-    for i, service in enumerate(services):
-        obj = copy.deepcopy(service)
-        obj["metadata"].update(uid=f"floor-{i}", generation=1)
-        plan = plan_service_in(view, obj, {}, {}, now)
-        children = []
-        for child in plan.children:
-            child = _relabel(child, FLOOR_MANAGER)
-            child["metadata"]["namespace"] = namespaces[child["metadata"]["namespace"]]
-            child["metadata"].pop("ownerReferences", None)
-            children.append(child)
-        result.append(children)
-    return result
 
 
 # ----------------------------------------------------------------------------- a plain API client
@@ -249,9 +168,9 @@ async def run_floor(client: PlainClient, children: list[list[dict]], timeout: fl
 
     async def num_ready() -> int:
         live = await client.list("/apis/apps/v1/deployments", selector)
-        return sum(1 for d in live
-                   if (d["metadata"]["namespace"], d["metadata"]["name"]) in wanted
-                   and (d.get("status") or {}).get("readyReplicas", 0) == wanted[(d["metadata"]["namespace"], d["metadata"]["name"])])
+        keys = ((d["metadata"]["namespace"], d["metadata"]["name"]) for d in live)
+        return sum(1 for key, d in zip(keys, live)
+                   if key in wanted and (d.get("status") or {}).get("readyReplicas", 0) == wanted[key])
 
     before, own_before = await client.apiserver_requests(), client.num_requests
     started = time.monotonic()
@@ -332,10 +251,10 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
         "requests_by_verb_kind": _requests_by_verb_kind(operator.metrics_text(), requests_by_kind),
     }
     children = 0
-    for kind in ("deployments", "services", "poddisruptionbudgets"):
-        group = "/api/v1" if kind == "services" else ("/apis/apps/v1" if kind == "deployments" else "/apis/policy/v1")
-        live = await client.list(f"{group}/{kind}", f"{MANAGED_BY_LABEL}=inferfleet-operator")
-        children += sum(1 for o in live if (o["metadata"]["namespace"], o["metadata"]["labels"].get("inferfleet.dev/service")) in wanted)
+    for path in ("/apis/apps/v1/deployments", "/api/v1/services", "/apis/policy/v1/poddisruptionbudgets"):
+        live = await client.list(path, f"{MANAGED_BY_LABEL}=inferfleet-operator")
+        children += sum(1 for o in live if (o["metadata"]["namespace"],
+                                            o["metadata"]["labels"].get("inferfleet.dev/service")) in wanted)
     result["num_objects"] = children
     return result
 
