@@ -17,7 +17,7 @@ want=$(sha256sum "$root/pyproject.toml" | cut -c1-16)
 here_check="import sys, inferfleet_runtime, inferfleet_operator as o; sys.exit(not o.__file__.startswith('$root/'))"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "$here_check" 2>/dev/null; then
   echo "[bootstrap] Installing inferfleet[runtime,operator,dev] (torch is a large download the first time)" >&2
-  "$venv/bin/pip" install --progress-bar off -e "$root[runtime,operator,dev]" >&2
+  "$venv/bin/pip" install --quiet --progress-bar off -e "$root[runtime,operator,dev]" >&2
   echo "$want" > "$stamp"
 fi
 echo "$venv"

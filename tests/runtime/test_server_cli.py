@@ -42,6 +42,8 @@ def test_serve_refuses_a_directory_without_a_model(tmp_path, capsys):
 
 def test_serve_compiled_without_the_compiled_engine_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "inferfleet_runtime.compiled", None)   # as in a build without it
+    # An earlier test may have imported it, and `from package import name` reads the attribute first.
+    monkeypatch.delattr(sys.modules["inferfleet_runtime"], "compiled", raising=False)
     (tmp_path / "manifest.json").write_text("{}")
     assert main(["serve", "--engine-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
