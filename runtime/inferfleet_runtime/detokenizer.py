@@ -1,6 +1,15 @@
-"""IncrementalDetokenizer: turns a growing list of token ids into text deltas, never splitting a character."""
+"""IncrementalDetokenizer: turns a growing list of token ids into text deltas, never splitting a character.
+
+The text of a window of ids is what tokenizer.decode gives for it. For a tokenizer whose decoder is the plain
+byte-level one (GPT-2 style BPE: each token stands for a fixed run of bytes, the text is the UTF-8 of their
+concatenation with U+FFFD for invalid bytes), the window is decoded here from a per-token bytes table instead,
+which gives the same text without a call into the tokenizer; any other decoder, or a window holding a token
+the table cannot spell (an added token not skipped, an unknown id), goes through tokenizer.decode.
+"""
 
 from __future__ import annotations
+
+import weakref
 
 # Prompt tokens decoded with the first output tokens, so a tokenizer that spells spaces by context
 # (SentencePiece) gets the first output word right.
@@ -14,6 +23,9 @@ class IncrementalDetokenizer:
         self.ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
         self.prefix_offset = 0               # ids[prefix_offset:read_offset] is text already emitted
         self.read_offset = len(self.ids)
+        self._prefix_text: str | None = None  # decode(ids[prefix_offset:read_offset]) once computed
+        table = _byte_table(tokenizer)
+        self._bytes = None if table is None else table.bytes_for(skip_special_tokens)
 
     def add(self, token_id: int) -> str:
         """The text that token_id completes; "" while it ends inside a multi-byte character."""
@@ -24,12 +36,92 @@ class IncrementalDetokenizer:
         """Whatever is still held back (an incomplete character at the end of the output)."""
         return self._emit(final=True)
 
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self._decode_ids(self.ids[start:end])
+
+    def _decode_ids(self, ids: list[int]) -> str:
+        table = self._bytes
+        if table is not None:
+            try:
+                return b"".join([table[i] for i in ids]).decode("utf-8", "replace")
+            except (KeyError, TypeError, IndexError):  # a token the table cannot spell: the tokenizer decodes
+                pass
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
     def _emit(self, final: bool) -> str:
-        decode = self.tokenizer.decode
-        prefix_text = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=self.skip_special_tokens)
-        new_text = decode(self.ids[self.prefix_offset:], skip_special_tokens=self.skip_special_tokens)
+        prefix_text = self._prefix_text
+        if prefix_text is None:             # the prefix window moved (or first call): decode it once
+            prefix_text = self._prefix_text = self._decode(self.prefix_offset, self.read_offset)
+        new_text = self._decode(self.prefix_offset)
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
+        self._prefix_text = None
         return new_text[len(prefix_text):]
+
+
+# -- byte-level fast path -----------------------------------------------------------------------------------------
+class _ByteTable:
+    """Per-token bytes of a byte-level BPE vocabulary; None for a token the plain byte mapping does not cover."""
+
+    def __init__(self, backend):
+        byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+        size = backend.get_vocab_size(with_added_tokens=True)
+        added = backend.get_added_tokens_decoder()        # id -> AddedToken
+        table: list[bytes | None] = [None] * size
+        for i in range(size):
+            if i in added:
+                continue                                  # added tokens: the tokenizer decodes them
+            token = backend.id_to_token(i)
+            if token is None:
+                continue
+            try:
+                table[i] = bytes(byte_of[c] for c in token)
+            except KeyError:
+                continue                                  # not a pure byte-level token: leave to the tokenizer
+        self._plain = table
+        skipping = list(table)
+        for i, token in added.items():
+            if token.special and i < size:
+                skipping[i] = b""                         # skip_special_tokens drops it from the text
+        self._skipping = skipping
+
+    def bytes_for(self, skip_special_tokens: bool) -> list[bytes | None]:
+        return self._skipping if skip_special_tokens else self._plain
+
+
+_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _byte_table(tokenizer) -> _ByteTable | None:
+    """The bytes table for tokenizer (our Tokenizer wrapper) when its decoder is the plain byte-level one."""
+    try:
+        table = _tables.get(tokenizer, False)
+    except TypeError:                                     # not weak-referenceable: no fast path
+        return None
+    if table is not False:
+        return table
+    table = None
+    backend = getattr(tokenizer, "backend", None)
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers.decoders import ByteLevel
+        if isinstance(backend, HFTokenizer) and isinstance(backend.decoder, ByteLevel):
+            table = _ByteTable(backend)
+    except ImportError:
+        table = None
+    _tables[tokenizer] = table
+    return table
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map that byte-level BPE vocabularies are spelt in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + n)
+            n += 1
+    return mapping
