@@ -93,28 +93,41 @@ def build_status(
 
 
 def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
-    """Events for pools whose serving changed and for conditions that flipped, against the previous status."""
+    """Events for pools whose serving changed and for conditions that flipped, against the previous status.
+
+    One Event per reason, not per pool: pools that changed to the same reason share one Event naming each
+    of them, newly excluded pools share one PoolExcluded Event, and conditions that flipped the good way
+    share one Normal Event (a bad flip keeps its own Warning). A first rollout over five pools posts two
+    Events, its readiness one more, and a resync with nothing changed none."""
     events = []
     before = {p.get("name"): p for p in previous.get("pools") or []}
+    changed: dict[str, list[str]] = {}
     for entry in status["pools"]:
         old = before.get(entry["name"], {})
         if (old.get("reason"), old.get("servingEngine"), old.get("engineBuild")) == (
             entry.get("reason"), entry["servingEngine"], entry.get("engineBuild"),
         ):  # fmt: skip
             continue
-        text = f"Pool {entry['name']}: {entry['reason']}, serving {entry['servingEngine']} ({entry['choiceReason']})"
+        text = f"{entry['name']}: serving {entry['servingEngine']} ({entry['choiceReason']})"
         if entry.get("engineBuild"):
             text += f"; engine build {entry['engineBuild']} is {entry['buildState']}"
-        make = c.warning if entry.get("reason") in FAILED else c.normal
-        events.append(make(entry["reason"], text))
+        changed.setdefault(entry["reason"], []).append(text)
+    for reason, texts in changed.items():
+        make = c.warning if reason in FAILED else c.normal
+        events.append(make(reason, f"{'Pool' if len(texts) == 1 else 'Pools'} {reason}: {'; '.join(texts)}"))
     old_excluded = {x.get("name"): x.get("reason") for x in previous.get("excludedPools") or []}
-    for item in status["excludedPools"]:
-        if old_excluded.get(item["name"]) != item["reason"]:
-            events.append(c.normal("PoolExcluded", f"Pool {item['name']} excluded: {item['reason']}"))
+    excluded = [f"{x['name']} ({x['reason']})" for x in status["excludedPools"] if old_excluded.get(x["name"]) != x["reason"]]
+    if excluded:
+        events.append(c.normal("PoolExcluded", f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}"))
     old_conditions = c.by_type(previous.get("conditions"))
+    good = []
     for cond in status["conditions"]:
         if old_conditions and c.flipped(old_conditions, cond):
-            bad = (cond["type"] == c.DEGRADED) == (cond["status"] == c.TRUE)
-            make = c.warning if bad else c.normal
-            events.append(make(cond["reason"], f"{cond['type']} is {cond['status']}: {cond['message']}"))
+            text = f"{cond['type']} is {cond['status']}: {cond['message']}"
+            if (cond["type"] == c.DEGRADED) == (cond["status"] == c.TRUE):
+                events.append(c.warning(cond["reason"], text))
+            else:
+                good.append((cond["reason"], text))
+    if good:  # named by the first (Ready's, when it flipped): the conditions' order is fixed
+        events.append(c.normal(good[0][0], "; ".join(text for _, text in good)))
     return events

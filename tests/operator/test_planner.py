@@ -247,3 +247,15 @@ def test_view_cache_reuses_the_classification_until_a_node_changes():
     assert second is not first and [p.name for p in second.pools if p.node_names] == ["nvidia-h100-80gb-hbm3"]
     direct = plan_service(service(), nodes, runtimes, {}, {}, NOW)
     assert plan_service_in(second, service(), {}, {}, NOW).status == direct.status
+
+
+def test_events_name_each_changed_pool_once_per_reason_and_readiness_in_one_event():
+    first = plan(service(runtime={"policy": "Paged"}))
+    reasons = [e.reason for e in first.events]
+    assert reasons.count("ServingPaged") == 1, reasons  # three pools, one Event
+    paged = next(e for e in first.events if e.reason == "ServingPaged")
+    assert all(p["name"] in paged.message for p in first.status["pools"] if p["reason"] == "ServingPaged")
+    ready_deps = {c["metadata"]["name"]: deployment_as_read(c, ready=c["spec"]["replicas"]) for c in first.children if c["kind"] == "Deployment"}
+    ready = plan(service(runtime={"policy": "Paged"}, status=first.status), deployments=ready_deps)
+    assert [(e.type, e.reason) for e in ready.events] == [("Normal", "AllPoolsReady")]
+    assert "Ready is True" in ready.events[0].message and "RolledOut is True" in ready.events[0].message
