@@ -10,4 +10,6 @@ if [ -x "$root/e2e/cluster/build.sh" ]; then
   export INFERFLEET_CLUSTER_BIN
 fi
 cd "$root"
+# This checkout's code, also in subprocesses, whichever checkout the shared venv was installed from.
+export PYTHONPATH="$root/runtime:$root/operator${PYTHONPATH:+:$PYTHONPATH}"
 exec python -m pytest -ra "$@"
