@@ -108,7 +108,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                           on_error=lambda key, error: _failed(metrics, key, error))
         metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending")
                                       for b in ctx.all_values(reconcile.BUILDS)))
-        memo.ctx, memo.queue, memo.node_signatures = ctx, queue, {}
+        memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
         queue.start()
         logger.info("Started operator %s for %s", config.instance,
                     "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces))
@@ -200,7 +200,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         async def child_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
                         memo: kopf.Memo, **_: Any) -> None:
             memo.ctx.observed(kind, body, is_deleted=type == "DELETED")
-            memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
+            memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]),
+                               fast=kind == "Deployment" and _readiness_changed(memo, type, body))
 
     for kind, (group_version, plural) in CHILD_RESOURCES.items():
         _child_event(kind, group_version, plural)
@@ -244,6 +245,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                 id="build_resync", **on)
     async def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
+
+
+def _readiness_changed(memo: kopf.Memo, type: str, body: Mapping[str, Any]) -> bool:
+    """Whether a Deployment's ready replica count moved since its last event (0 before the first):
+    such a change may finish its service's rollout, so the service takes the work queue's fast lane."""
+    key = (body.get("metadata", {}).get("namespace"), body.get("metadata", {}).get("name"))
+    ready = 0 if type == "DELETED" else int((body.get("status") or {}).get("readyReplicas") or 0)
+    before = memo.ready_replicas.pop(key, 0) if type == "DELETED" else memo.ready_replicas.get(key, 0)
+    if type != "DELETED":
+        memo.ready_replicas[key] = ready
+    return ready != before
 
 
 def _enqueue_all_services(memo: kopf.Memo, service_index: kopf.Index) -> None:

@@ -20,7 +20,9 @@ class WorkQueue:
     """Runs `work(key)` for enqueued keys, like a controller-runtime workqueue.
 
     A key is never reconciled twice at once; a key enqueued while its reconcile runs runs once more
-    afterwards. `work` returns None or seconds until it wants to run again. An exception with a
+    afterwards. Due keys wait for one of `concurrency` slots in two lanes: keys enqueued with
+    `fast=True` (a change that may finish a rollout, such as a Deployment's readiness) take the next
+    free slot ahead of the others, so they do not queue behind a backlog of first reconciles. `work` returns None or seconds until it wants to run again. An exception with a
     `delay` attribute (Requeue, kopf.TemporaryError) retries after that delay; any other exception
     retries after the next of `error_delays`, which reset on success.
     """
@@ -35,11 +37,14 @@ class WorkQueue:
         self._error_delays = tuple(error_delays) or (1.0,)
         self._on_error = on_error
         self._logger = logger or logging.getLogger(__name__)
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = max(1, concurrency)
         self._due: dict[Hashable, float] = {}  # key -> loop time when it should run
         self._heap: list[tuple[float, int, Hashable]] = []
         self._running: set[Hashable] = set()
         self._again: set[Hashable] = set()  # enqueued while running
+        self._fast: set[Hashable] = set()  # due or pending keys in the fast lane
+        self._waiting: dict[Hashable, int] = {}  # due, waiting for a slot -> its entry in _ready
+        self._ready: list[tuple[int, int, Hashable]] = []  # (lane, order, key); lane 0 is fast
         self._failures: dict[Hashable, int] = {}
         self._counter = 0
         self._wakeup = asyncio.Event()
@@ -47,16 +52,24 @@ class WorkQueue:
         self._loop_task: asyncio.Task | None = None
 
     def __len__(self) -> int:
-        return len(self._due) + len(self._again)
+        return len(self._due) + len(self._again) + len(self._waiting)
 
     @property
     def is_idle(self) -> bool:
-        return not self._due and not self._running and not self._again
+        return not self._due and not self._running and not self._again and not self._waiting
 
-    def enqueue(self, key: Hashable, delay: float | None = None) -> None:
-        """Asks for a reconcile of `key` in `delay` seconds (default: the debounce window)."""
+    def enqueue(self, key: Hashable, delay: float | None = None, *, fast: bool = False) -> None:
+        """Asks for a reconcile of `key` in `delay` seconds (default: the debounce window); `fast`
+        puts it in the fast lane once due."""
         loop = asyncio.get_running_loop()
         when = loop.time() + (self._debounce if delay is None else max(0.0, delay))
+        if fast:
+            self._fast.add(key)
+        if key in self._waiting:
+            if fast:  # already due: move it ahead of the normal lane
+                self._push_ready(key)
+                self._wakeup.set()
+            return
         if key in self._running and (delay is None or delay <= self._debounce):
             self._again.add(key)
             return
@@ -72,6 +85,13 @@ class WorkQueue:
         self._due.pop(key, None)
         self._again.discard(key)
         self._failures.pop(key, None)
+        self._fast.discard(key)
+        self._waiting.pop(key, None)
+
+    def _push_ready(self, key: Hashable) -> None:
+        self._counter += 1
+        self._waiting[key] = self._counter
+        heapq.heappush(self._ready, (0 if key in self._fast else 1, self._counter, key))
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._dispatch())
@@ -95,6 +115,13 @@ class WorkQueue:
                 if key in self._running:
                     self._again.add(key)
                     continue
+                self._push_ready(key)
+            while self._ready and len(self._running) < self._concurrency:
+                _, order, key = heapq.heappop(self._ready)
+                if self._waiting.get(key) != order:
+                    continue  # moved to the fast lane, or forgotten
+                del self._waiting[key]
+                self._fast.discard(key)
                 self._running.add(key)
                 task = loop.create_task(self._run(key))
                 self._tasks.add(task)
@@ -108,8 +135,7 @@ class WorkQueue:
     async def _run(self, key: Hashable) -> None:
         delay: float | None = None
         try:
-            async with self._slots:
-                delay = await self._work(key)
+            delay = await self._work(key)
             self._failures.pop(key, None)
         except asyncio.CancelledError:
             raise
@@ -124,6 +150,7 @@ class WorkQueue:
             delay = float(retry)
         finally:
             self._running.discard(key)
+            self._wakeup.set()  # a slot is free
         if key in self._again:
             self._again.discard(key)
             self.enqueue(key, 0.0 if delay is None else min(delay, self._debounce))

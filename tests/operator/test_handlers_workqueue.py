@@ -123,3 +123,50 @@ def test_a_forgotten_key_does_not_run():
 
     asyncio.run(go())
     assert runs == []
+
+
+def test_fast_keys_take_the_next_free_slot_ahead_of_a_backlog_and_concurrency_holds():
+    runs, running, most = [], set(), [0]
+
+    async def work(key):
+        running.add(key)
+        most[0] = max(most[0], len(running))
+        runs.append(key)
+        await asyncio.sleep(0.01)
+        running.discard(key)
+
+    async def go():
+        queue = WorkQueue(work, concurrency=2, debounce=0.0)
+        queue.start()
+        for i in range(10):
+            queue.enqueue(f"slow-{i}")
+        await asyncio.sleep(0.005)  # the first two run, eight wait for a slot
+        queue.enqueue("ready", fast=True)
+        queue.enqueue("slow-9", fast=True)  # already waiting: moves ahead
+        await _settle(queue)
+        assert queue.is_idle
+        await queue.stop()
+
+    asyncio.run(go())
+    assert sorted(runs) == sorted([f"slow-{i}" for i in range(10)] + ["ready"])
+    assert runs[2:4] == ["slow-9", "ready"], runs
+    assert most[0] == 2
+
+
+def test_only_a_change_in_a_deployments_ready_replicas_asks_for_the_fast_lane():
+    from types import SimpleNamespace
+
+    from inferfleet_operator.handlers import _readiness_changed
+
+    memo = SimpleNamespace(ready_replicas={})
+
+    def deployment(ready=None):
+        status = {} if ready is None else {"readyReplicas": ready}
+        return {"metadata": {"namespace": "ns", "name": "d"}, "status": status}
+
+    assert not _readiness_changed(memo, "ADDED", deployment())  # created: nothing ready yet
+    assert not _readiness_changed(memo, "MODIFIED", deployment(0))
+    assert _readiness_changed(memo, "MODIFIED", deployment(1))
+    assert not _readiness_changed(memo, "MODIFIED", deployment(1))  # status churn, same count
+    assert _readiness_changed(memo, "DELETED", deployment(1))
+    assert memo.ready_replicas == {}
