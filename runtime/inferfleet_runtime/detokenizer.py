@@ -4,7 +4,9 @@ The text of a window of ids is what tokenizer.decode gives for it. For a tokeniz
 byte-level one (GPT-2 style BPE: each token stands for a fixed run of bytes, the text is the UTF-8 of their
 concatenation with U+FFFD for invalid bytes), the window is decoded here from a per-token bytes table instead,
 which gives the same text without a call into the tokenizer; any other decoder, or a window holding a token
-the table cannot spell (an added token not skipped, an unknown id), goes through tokenizer.decode.
+the table cannot spell (an added token not skipped, an unknown id), goes through tokenizer.decode. A prefix
+window's text is decoded once; on the byte path it is usually known already (the delta just emitted), so a
+token costs one decode.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ class IncrementalDetokenizer:
         self.ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
         self.prefix_offset = 0               # ids[prefix_offset:read_offset] is text already emitted
         self.read_offset = len(self.ids)
-        self._prefix_text: str | None = None  # decode(ids[prefix_offset:read_offset]) once computed
+        self._prefix_text: str | None = None  # decode(ids[prefix_offset:read_offset]) once known
+        self._by_bytes = False
         table = _byte_table(tokenizer)
         self._bytes = None if table is None else table.bytes_for(skip_special_tokens)
 
@@ -40,25 +43,33 @@ class IncrementalDetokenizer:
         return self._decode_ids(self.ids[start:end])
 
     def _decode_ids(self, ids: list[int]) -> str:
+        """decode(ids); self._by_bytes says whether the bytes table spelt it."""
         table = self._bytes
         if table is not None:
             try:
-                return b"".join([table[i] for i in ids]).decode("utf-8", "replace")
+                text = b"".join([table[i] for i in ids]).decode("utf-8", "replace")
+                self._by_bytes = True
+                return text
             except (KeyError, TypeError, IndexError):  # a token the table cannot spell: the tokenizer decodes
                 pass
+        self._by_bytes = False
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def _emit(self, final: bool) -> str:
         prefix_text = self._prefix_text
-        if prefix_text is None:             # the prefix window moved (or first call): decode it once
+        if prefix_text is None:             # the prefix window moved and its text is not known: decode it
             prefix_text = self._prefix_text = self._decode(self.prefix_offset, self.read_offset)
         new_text = self._decode(self.prefix_offset)
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
-        self._prefix_text = None
-        return new_text[len(prefix_text):]
+        delta = new_text[len(prefix_text):]
+        # Text the bytes table spelt without U+FFFD came from valid UTF-8: the old prefix window ended on a
+        # character boundary, so the delta is exactly the text of the new prefix window.
+        exact = self._by_bytes and "\ufffd" not in prefix_text and "\ufffd" not in delta
+        self._prefix_text = delta if exact else None
+        return delta
 
 
 # -- byte-level fast path -----------------------------------------------------------------------------------------

@@ -98,3 +98,14 @@ def test_a_tokenizer_without_the_byte_level_decoder_goes_through_decode():
     output = [7, 4, 11, 26, 11, 14]
     assert deltas_of(tokenizer, [0, 1], output) == reference_deltas(tokenizer, [0, 1], output)
     assert "".join(deltas_of(tokenizer, [0], output, False)) == "hel<s>lo"
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=40), split=st.integers(0, 40), skip=st.booleans())
+def test_encoded_text_streams_give_the_reference_deltas_and_the_full_text(tokenizer, text, split, skip):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prompt, output = ids[:split] or [7], ids[split:]
+    deltas = deltas_of(tokenizer, prompt, output, skip)
+    assert deltas == reference_deltas(tokenizer, prompt, output, skip)
+    if not any("\ufffd" in tokenizer.decode(part, skip) for part in (prompt, output)):  # split between characters
+        assert "".join(deltas) == tokenizer.decode(output, skip)
