@@ -169,30 +169,37 @@ class LLMEngine:
     # -- postprocess --------------------------------------------------------------------------------
     def _postprocess(self, batch: ScheduledBatch, sampled: list) -> list[RequestOutput]:
         self.scheduler.commit(batch)
-        changed: dict[str, list[Sequence]] = {}
+        changed: dict[str, tuple[_Request, list[Sequence]]] = {}
+        requests = self._requests
+        check_finished = self._check_finished
         for seq, sample in zip(batch.seqs, sampled):
             if sample is None:
                 continue
-            request = self._requests[seq.request_id]
+            request_id = seq.request_id
+            request = requests[request_id]
             if request.num_pending_children and seq is request.seqs[0]:
                 self._fork_children(request)
             token_id, logprob = sample
-            seq.append_token(token_id)
+            seq.token_ids.append(token_id)
             if logprob is not None:
                 seq.logprobs.append(logprob)
-            self._check_finished(seq, request, token_id)
-            changed.setdefault(seq.request_id, []).append(seq)
+            check_finished(seq, request, token_id)
+            entry = changed.get(request_id)
+            if entry is None:
+                changed[request_id] = (request, [seq])
+            else:
+                entry[1].append(seq)
         outputs = []
-        for request_id, seqs in changed.items():
-            request = self._requests[request_id]
+        delta = self._delta
+        for request_id, (request, seqs) in changed.items():
             if len(request.seqs) == 1:    # n == 1 (children are forked before this loop)
                 finished = seqs[0].is_finished and not request.num_pending_children
             else:
                 finished = all(s.is_finished for s in request.seqs) and not request.num_pending_children
             if finished:
-                del self._requests[request_id]
+                del requests[request_id]
             parent = request.seqs[0]
-            outputs.append(RequestOutput(request_id, [self._delta(s) for s in seqs], parent.num_prompt_tokens,
+            outputs.append(RequestOutput(request_id, [delta(s) for s in seqs], len(parent.prompt_token_ids),
                                          parent.num_cached_tokens, finished))
         return outputs
 
@@ -220,10 +227,13 @@ class LLMEngine:
             reason = FinishReason.STOP    # the stop token's text is not part of the output
         else:
             delta = seq.detokenizer.add(token_id)
-            seq.output_text += delta
-            if params.stop and delta and _truncate_at_stop(seq, len(delta), params.stop):
-                reason = FinishReason.STOP
-        if reason is None and (seq.num_output_tokens >= request.max_tokens or seq.num_tokens >= self.max_model_len):
+            if delta:
+                seq.output_text += delta
+                if params.stop and _truncate_at_stop(seq, len(delta), params.stop):
+                    reason = FinishReason.STOP
+        num_tokens = len(seq.token_ids)
+        if reason is None and (num_tokens - len(seq.prompt_token_ids) >= request.max_tokens
+                               or num_tokens >= self.max_model_len):
             reason = FinishReason.LENGTH
             seq.output_text += seq.detokenizer.flush()
         if reason is None:
@@ -234,14 +244,19 @@ class LLMEngine:
         self.scheduler.finish(seq, reason)
 
     def _delta(self, seq: Sequence) -> CompletionOutput:
-        text = seq.output_text[seq.num_sent_chars:seq.num_stable_chars]
-        seq.num_sent_chars = max(seq.num_sent_chars, seq.num_stable_chars)
-        num_output = seq.num_output_tokens
-        tokens = seq.token_ids[seq.num_tokens - num_output + seq.num_sent_tokens:]
-        logprobs = seq.logprobs[seq.num_sent_tokens:]
+        num_stable = seq.num_stable_chars
+        num_sent = seq.num_sent_chars
+        text = seq.output_text[num_sent:num_stable] if num_stable > num_sent else ""
+        if num_stable > num_sent:
+            seq.num_sent_chars = num_stable
+        token_ids = seq.token_ids
+        num_output = len(token_ids) - len(seq.prompt_token_ids)
+        num_sent_tokens = seq.num_sent_tokens
+        tokens = token_ids[len(token_ids) - num_output + num_sent_tokens:]
+        logprobs = seq.logprobs[num_sent_tokens:] if seq.logprobs else []
         seq.num_sent_tokens = num_output
-        reason = seq.finish_reason.value if seq.finish_reason else None
-        return CompletionOutput(seq.index, text, tokens, logprobs, reason)
+        reason = seq.finish_reason
+        return CompletionOutput(seq.index, text, tokens, logprobs, reason.value if reason is not None else None)
 
 
 def _truncate_at_stop(seq: Sequence, num_new_chars: int, stops: list[str]) -> bool:
