@@ -82,20 +82,23 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        running = self.running
+        try_append = self.block_manager.try_append
+        seqs, nums = batch.seqs, batch.num_new_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
             assert num_new > 0, "a running sequence always has a token to compute"
-            while not self.block_manager.try_append(seq, num_new):
-                victim = self.running.pop()
+            while not try_append(seq, num_new):
+                victim = running.pop()
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
                     break
             else:
-                batch.seqs.append(seq)
-                batch.num_new_tokens.append(num_new)
+                seqs.append(seq)
+                nums.append(num_new)
                 budget -= num_new
                 i += 1
         # After a preemption blocks are short: admitting someone now would only thrash.
@@ -116,9 +119,16 @@ class Scheduler:
 
     def commit(self, batch: ScheduledBatch) -> None:
         """Records that the batch ran: its tokens are computed, its full blocks may be cached."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching:
+            for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += num_new
+            return
+        block_size = bm.block_size
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(seq)
+            if seq.num_computed_tokens // block_size > seq.num_registered_blocks:   # a block filled up
+                bm.cache_full_blocks(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Ends seq (finished or aborted, running or waiting) and frees its blocks at once."""
