@@ -23,8 +23,9 @@ class WorkQueue:
     afterwards. Due keys wait for one of `concurrency` slots in two lanes: keys enqueued with
     `fast=True` (a change that may finish a rollout, such as a Deployment's readiness) take the next
     free slot ahead of the others, so they do not queue behind a backlog of first reconciles.
-    `work` returns None or seconds until it wants to run again. An exception with a `delay` attribute (Requeue, kopf.TemporaryError) retries after that delay; any other exception
-    retries after the next of `error_delays`, which reset on success.
+    `work` returns None or seconds until it wants to run again. An exception with a `delay`
+    attribute (Requeue, kopf.TemporaryError) retries after that delay; any other exception retries
+    after the next of `error_delays`, which reset on success.
     """
 
     def __init__(self, work: Callable[[Hashable], Awaitable[float | None]], *,
