@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CLUSTER_DIR, Cluster, cluster_bin, cluster_is_up, state_dir
+from operator_process import OperatorProcess, add_engine_cache, drain, install, remove_engine_cache
 
 
 def _keep() -> bool:
@@ -79,3 +80,23 @@ def namespace(cluster: Cluster, request) -> str:
     yield name
     if not _keep():
         cluster.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory, request) -> OperatorProcess:
+    """The operator as a process with the installed ServiceAccount's token, one per test module."""
+    work = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1].replace("test_", "").replace("_", "-"))
+    process = OperatorProcess(install(cluster, work), work / "operator.log")
+    process.start()
+    yield process
+    drain(cluster)
+    process.stop()
+
+
+@pytest.fixture
+def ns(cluster: Cluster, namespace: str, operator: OperatorProcess) -> str:
+    """A test namespace with the engine cache claim, served by the module's operator."""
+    add_engine_cache(cluster, namespace)
+    yield namespace
+    print(operator.log_tail())  # shown when the test failed
+    remove_engine_cache(cluster, namespace)

@@ -9,15 +9,10 @@ import time
 
 import pytest
 
-from helpers import Cluster, is_true, node_manifests, wait_for
+from helpers import is_true, node_manifests, wait_for
 from operator_process import (
-    OperatorProcess,
-    add_engine_cache,
     container_args,
-    drain,
-    install,
     pool_status,
-    remove_engine_cache,
     serves_engine,
     service_manifest,
 )
@@ -27,24 +22,6 @@ pytestmark = pytest.mark.e2e
 H100 = "nvidia-h100-80gb-hbm3"
 ON_H100 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
 RETENTION_SECONDS = 4  # operator_process.FAST_FLAGS
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory):
-    work = tmp_path_factory.mktemp("operator-lifecycle")
-    process = OperatorProcess(install(cluster, work), work / "operator.log")
-    process.start()
-    yield process
-    drain(cluster)
-    process.stop()
-
-
-@pytest.fixture
-def ns(cluster: Cluster, namespace: str, operator: OperatorProcess):
-    add_engine_cache(cluster, namespace)
-    yield namespace
-    print(operator.log_tail())  # shown when the test failed
-    remove_engine_cache(cluster, namespace)
 
 
 def _node(fixture: str, name: str, label: str) -> dict:

@@ -7,17 +7,12 @@ import time
 
 import pytest
 
-from helpers import Cluster, condition, is_true, wait_for
+from helpers import condition, is_true, wait_for
 from operator_process import (
-    OperatorProcess,
-    add_engine_cache,
-    drain,
     container_args,
     events,
-    install,
     live_pools,
     pool_status,
-    remove_engine_cache,
     replica_set_args,
     serves_engine,
     service_manifest,
@@ -29,24 +24,6 @@ FLEET = "inferfleet.dev/e2e-fleet=true"
 H100 = "nvidia-h100-80gb-hbm3"
 ON_H100 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
 RESYNC_SECONDS = 4  # operator_process.FAST_FLAGS
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory):
-    work = tmp_path_factory.mktemp("operator-rollout")
-    process = OperatorProcess(install(cluster, work), work / "operator.log")
-    process.start()
-    yield process
-    drain(cluster)
-    process.stop()
-
-
-@pytest.fixture
-def ns(cluster: Cluster, namespace: str, operator: OperatorProcess):
-    add_engine_cache(cluster, namespace)
-    yield namespace
-    print(operator.log_tail())  # shown when the test failed
-    remove_engine_cache(cluster, namespace)
 
 
 def _builds(cluster, ns):
