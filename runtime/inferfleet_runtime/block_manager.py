@@ -122,27 +122,20 @@ class BlockManager:
         seq.num_computed_tokens += len(hits) * self.block_size
         seq.num_cached_tokens = len(hits) * self.block_size
         seq.num_registered_blocks = len(seq.block_ids) if hits else seq.num_registered_blocks
-        self.append(seq, num_new_tokens)
+        is_grown = self.append(seq, num_new_tokens)
+        assert is_grown, "allocate without can_allocate"
 
-    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Whether a running seq can grow by num_new_tokens."""
+    def append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grows a running seq's block table to hold num_new_tokens more tokens, if the free blocks allow.
+
+        Returns whether it did; on False nothing changed. The one way a block table grows.
+        """
         num_needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
-        return num_needed <= len(self._free)
-
-    def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """can_append and append in one: grows seq by num_new_tokens when the free blocks allow."""
-        num_needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_ids)
         if num_needed > len(self._free):
             return False
         for _ in range(num_needed):
             seq.block_ids.append(self._take_free_block())
         return True
-
-    def append(self, seq: Sequence, num_new_tokens: int) -> None:
-        num_needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
-        assert num_needed <= len(self._free), "append without can_append"
-        for _ in range(num_needed):
-            seq.block_ids.append(self._take_free_block())
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Shares parent's computed full blocks of child's tokens with child (a fresh sequence, n > 1)."""

@@ -83,14 +83,14 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         running = self.running
-        try_append = self.block_manager.try_append
+        append = self.block_manager.append
         seqs, nums = batch.seqs, batch.num_new_tokens
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
             assert num_new > 0, "a running sequence always has a token to compute"
-            while not try_append(seq, num_new):
+            while not append(seq, num_new):
                 victim = running.pop()
                 self._preempt(victim)
                 batch.preempted.append(victim)

@@ -64,13 +64,21 @@ def test_append_takes_a_block_only_when_crossing_a_boundary():
     seq = make_seq(0, range(3))
     admit(bm, seq)
     seq.append_token(3)
-    assert bm.can_append(seq, 1)
-    bm.append(seq, 1)
+    assert bm.append(seq, 1)
     assert len(seq.block_ids) == 1
     seq.num_computed_tokens += 1
     seq.append_token(4)
-    bm.append(seq, 1)
+    assert bm.append(seq, 1)
     assert len(seq.block_ids) == 2
+
+
+def test_append_refuses_without_free_blocks_and_changes_nothing():
+    bm = BlockManager(num_blocks=1, block_size=BS)
+    seq = make_seq(0, range(4))
+    admit(bm, seq)
+    seq.append_token(4)
+    assert not bm.append(seq, 1)
+    assert len(seq.block_ids) == 1 and bm.num_free_blocks == 0
 
 
 def test_prefix_hit_shares_full_blocks_and_leaves_last_token_to_compute():
@@ -162,8 +170,7 @@ def test_random_operations_keep_the_pool_consistent_and_leak_nothing(ops, num_bl
         elif op == "grow" and live:
             seq = live[arg % len(live)]
             seq.append_token(arg % 3)
-            if bm.can_append(seq, 1):
-                bm.append(seq, 1)
+            if bm.append(seq, 1):
                 seq.num_computed_tokens += 1
                 bm.cache_full_blocks(seq)
             else:

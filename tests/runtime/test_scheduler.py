@@ -13,9 +13,29 @@ def make_seq(seq_id, num_prompt, token=1):
     return Sequence(seq_id=seq_id, request_id=str(seq_id), prompt_token_ids=[token] * num_prompt)
 
 
+def assert_every_scheduled_token_has_its_own_slot(batch, live, block_size):
+    """Each token a step computes has a KV slot, and no two live sequences write one block.
+
+    A block may sit in several block tables only as a shared prefix: full, and wholly computed
+    for every sharer before the step, so nobody writes into it.
+    """
+    for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        assert seq.num_computed_tokens + num_new <= len(seq.block_ids) * block_size, "a token without a slot"
+    holders = {}
+    for seq in live:
+        for index, block_id in enumerate(seq.block_ids):
+            holders.setdefault(block_id, []).append((seq, index))
+    for block_id, sharers in holders.items():
+        if len(sharers) > 1:
+            for seq, index in sharers:
+                assert (index + 1) * block_size <= seq.num_computed_tokens, f"block {block_id} shared while written"
+
+
 def run_step(sched, max_output=None, on_first_token=None):
     """schedule → (no model) → commit; a sequence that reaches its length gets token 7 appended."""
     batch = sched.schedule()
+    assert_every_scheduled_token_has_its_own_slot(batch, sched.running + list(sched.waiting),
+                                                  sched.block_manager.block_size)
     samplers = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
     sched.commit(batch)
     for seq in samplers:
