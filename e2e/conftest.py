@@ -88,9 +88,13 @@ def operator(cluster: Cluster, tmp_path_factory, request) -> OperatorProcess:
     work = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1].replace("test_", "").replace("_", "-"))
     process = OperatorProcess(install(cluster, work), work / "operator.log")
     process.start()
-    yield process
-    drain(cluster)
-    process.stop()
+    try:
+        yield process
+        drain(cluster)
+    finally:
+        # Stopped even when draining timed out, so that no operator of this module outlives it
+        # and acts on the next module's namespaces.
+        process.stop()
 
 
 @pytest.fixture

@@ -253,7 +253,7 @@ def events(cluster, namespace: str, name: str) -> list[dict]:
             if (e.get("involvedObject") or {}).get("name") == name]
 
 
-def drain(cluster, timeout: float = 60) -> None:
+def drain(cluster, timeout: float = 180) -> None:
     """Waits until no InferenceService or EngineBuild is left in a terminating namespace: the
     operator removes its finalizer from them, so it must outlive their namespaces."""
     def terminating() -> list[str]:
@@ -265,4 +265,5 @@ def drain(cluster, timeout: float = 60) -> None:
             left += cluster.kubectl("get", "inferenceservices,enginebuilds", "-n", ns, "-o",
                                     "name", check=False).stdout.split()
         return left
-    wait_for(lambda: not terminating(), timeout=timeout, message="test namespaces emptied")
+    wait_for(lambda: not terminating(), timeout=timeout,
+             message="no InferenceService or EngineBuild left in a terminating namespace (last result: those left)")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from helpers import Cluster, wait_for
@@ -22,7 +20,11 @@ def test_an_operator_for_one_namespace_ignores_the_others(cluster: Cluster, name
             cluster.apply(service_manifest("scoped", placement={"vendors": ["cpu"]}), namespace=ns)
         wait_for(lambda: cluster.get("deployment", "scoped-cpu-amd64", namespace), timeout=30,
                  message="the Deployment in the watched namespace")
-        time.sleep(5)  # longer than a resync: time enough to have touched the other namespace
+        # Two more reconciles of the watched service (a resync at least): time enough to have
+        # touched the other namespace, had the operator watched it.
+        reconciles = process.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
+        wait_for(lambda: process.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
+                 >= reconciles + 2, timeout=30, message="two more reconciles in the watched namespace")
         assert cluster.get("deployment", "scoped-cpu-amd64", other) is None
         assert not (cluster.get("inferenceservice", "scoped", other) or {}).get("status")
     finally:

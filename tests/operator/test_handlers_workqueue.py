@@ -7,8 +7,13 @@ import pytest
 from inferfleet_operator.workqueue import Requeue, WorkQueue
 
 
-async def _settle(queue, seconds=0.3):
-    await asyncio.sleep(seconds)
+async def _until(predicate, what: str, timeout: float = 5.0) -> None:
+    """Waits, on the running loop, until predicate() holds; fails naming `what` after `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out after {timeout} s waiting for {what}"
+        await asyncio.sleep(0.005)
 
 
 def test_triggers_within_the_debounce_window_run_one_reconcile():
@@ -23,7 +28,7 @@ def test_triggers_within_the_debounce_window_run_one_reconcile():
         for _ in range(20):
             queue.enqueue("a")
         queue.enqueue("b")
-        await _settle(queue)
+        await _until(lambda: len(runs) >= 2 and queue.is_idle, "both keys run and the queue idle")
         await queue.stop()
 
     asyncio.run(go())
@@ -50,7 +55,7 @@ def test_a_key_is_never_reconciled_twice_at_once_and_a_trigger_while_running_run
         await asyncio.sleep(0.02)  # first run in progress
         queue.enqueue("a")
         queue.enqueue("a")
-        await _settle(queue)
+        await _until(lambda: len(runs) >= 2 and queue.is_idle, "the second run and the queue idle")
         await queue.stop()
 
     asyncio.run(go())
@@ -69,7 +74,7 @@ def test_a_returned_delay_runs_the_reconcile_again_after_it():
         queue = WorkQueue(work, debounce=0.0)
         queue.start()
         queue.enqueue("a")
-        await _settle(queue, 0.4)
+        await _until(lambda: len(times) >= 2 and queue.is_idle, "the delayed second run")
         await queue.stop()
 
     asyncio.run(go())
@@ -94,7 +99,8 @@ def test_failures_retry_with_growing_delays_and_requeue_uses_its_own_delay():
         queue.start()
         queue.enqueue("fail")
         queue.enqueue("wait")
-        await _settle(queue, 0.6)
+        await _until(lambda: len(times["fail"]) >= 3 and len(times["wait"]) >= 2 and queue.is_idle,
+                     "three runs of 'fail', two of 'wait'")
         await queue.stop()
 
     asyncio.run(go())
@@ -118,11 +124,13 @@ def test_a_forgotten_key_does_not_run():
         queue.start()
         queue.enqueue("gone")
         queue.forget("gone")
-        await _settle(queue, 0.2)
+        # A witness due after gone's debounce window: once it ran, gone's turn has passed.
+        queue.enqueue("witness", 0.1)
+        await _until(lambda: "witness" in runs and queue.is_idle, "the witness key's run")
         await queue.stop()
 
     asyncio.run(go())
-    assert runs == []
+    assert runs == ["witness"]
 
 
 def test_fast_keys_take_the_next_free_slot_ahead_of_a_backlog_and_concurrency_holds():
@@ -143,8 +151,7 @@ def test_fast_keys_take_the_next_free_slot_ahead_of_a_backlog_and_concurrency_ho
         await asyncio.sleep(0.005)  # the first two run, eight wait for a slot
         queue.enqueue("ready", fast=True)
         queue.enqueue("slow-9", fast=True)  # already waiting: moves ahead
-        await _settle(queue)
-        assert queue.is_idle
+        await _until(lambda: len(runs) >= 11 and queue.is_idle, "all eleven keys run")
         await queue.stop()
 
     asyncio.run(go())
