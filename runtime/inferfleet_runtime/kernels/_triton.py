@@ -13,7 +13,12 @@ import os
 
 import torch
 
+from inferfleet_runtime.config import DTYPES
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+# The floating-point dtypes every kernel takes: the runtime's dtype table.
+FLOAT_DTYPES = tuple(DTYPES.values())
 
 
 def is_interpreting() -> bool:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import check_dtype, check_last_dim_contiguous, next_power_of_2, triton_kernel
+from ._triton import FLOAT_DTYPES, check_dtype, check_last_dim_contiguous, next_power_of_2, triton_kernel
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def silu_and_mul_reference(x):

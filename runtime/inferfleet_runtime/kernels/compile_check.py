@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from inferfleet_runtime.config import DTYPES
+
 from . import _triton, activation, kv_cache, paged_attention, rms_norm, rotary
 
 POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
                  torch.int32: "*i32", torch.int64: "*i64"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inferfleet_runtime.config import DTYPES
+
 from . import activation, kv_cache, paged_attention, rms_norm, rotary
 from ._triton import is_interpreting
 
@@ -29,7 +31,6 @@ TOLERANCES = {
     torch.float16: dict(atol=4e-3, rtol=4e-3),
     torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
 }
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)

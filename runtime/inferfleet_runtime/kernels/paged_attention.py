@@ -37,9 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import check_dtype, check_same_device, next_power_of_2, triton_kernel
+from ._triton import FLOAT_DTYPES, check_dtype, check_same_device, next_power_of_2, triton_kernel
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2_E = 1.4426950408889634
 MAX_PARTITIONS = 128
 
