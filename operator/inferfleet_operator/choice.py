@@ -48,12 +48,12 @@ def served_resource(runtime: InferenceRuntime, pool: Pool) -> str:
 def _has_resource(runtime: InferenceRuntime, pool: Pool) -> bool:
     """Some node of the pool advertises the resource the runtime's pods would request."""
     resource = served_resource(runtime, pool)
-    return not resource or any(info.gpu_resource == resource for info in pool.nodes)
+    return not resource or resource in pool.gpu_resources
 
 
 def _on_resource(pool: Pool, resource: str) -> Pool:
     """The pool cut to the nodes advertising `resource`; the others move to excluded_nodes."""
-    if not resource or all(info.gpu_resource == resource for info in pool.nodes):
+    if not resource or pool.gpu_resources <= {resource}:
         return pool
     keep = [info for info in pool.nodes if info.gpu_resource == resource]
     dropped = tuple(
@@ -75,6 +75,7 @@ def restrict_pool(pool: Pool, keep: list, dropped: tuple[tuple[str, str], ...]) 
         gpus_per_node=min(i.gpu_count for i in keep),
         nodes=tuple(keep),
         excluded_nodes=tuple(sorted(pool.excluded_nodes + dropped)),
+        gpu_resources=frozenset(i.gpu_resource for i in keep if i.gpu_resource),
     )
 
 
@@ -94,7 +95,7 @@ def choose_for_pool(spec: InferenceServiceSpec, pool: Pool, runtimes: list[Infer
     fitting = [r for r in by_vendor if _has_resource(r, pool)]
     if by_vendor and not fitting:
         wanted = sorted({f"{r.name} requests {served_resource(r, pool)}" for r in by_vendor})
-        advertised = sorted({info.gpu_resource for info in pool.nodes})
+        advertised = sorted(pool.gpu_resources)
         return Excluded(pool, f"NoMatchingRuntime: no node of the pool advertises the GPU resource its runtimes request ({'; '.join(wanted)}; the nodes advertise {', '.join(advertised)})")
     result = _choose_engine(spec, pool, fitting)
     if isinstance(result, Excluded):

@@ -154,9 +154,11 @@ def _node_blocker(info, service: InferenceService) -> str:
     for key, value in placement.node_selector.items():
         if info.labels.get(key) != value:
             return f"NodeSelectorMismatch: label {key}={value} (placement.nodeSelector) missing"
-    tolerations = placement.tolerations + gpu_toleration(placement, info.gpu_resource)
     for taint in info.taints:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, taint):
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        is_gpu_taint = placement.tolerate_gpu_taints and info.gpu_resource and taint.get("key") == info.gpu_resource
+        if not is_gpu_taint and not _tolerates(placement.tolerations, taint):
             return f"TaintNotTolerated: taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not in placement.tolerations"
     return ""
 

@@ -28,6 +28,7 @@ class Pool:
     excluded_nodes: tuple[tuple[str, str], ...]  # (node, reason) for nodes of this product left out
     nodes: tuple[NodeInfo, ...] = ()  # the eligible nodes' classification (for per-service filtering)
     has_blocking_taints: bool = False  # some eligible node has a NoSchedule/NoExecute taint
+    gpu_resources: frozenset[str] = frozenset()  # the GPU resources the eligible nodes advertise
 
     @property
     def num_nodes(self) -> int:
@@ -81,6 +82,7 @@ def group_pools(nodes: list) -> list[Pool]:
                 excluded_nodes=tuple((i.name, i.excluded_reason) for i in members if not i.is_eligible),
                 nodes=tuple(eligible),
                 has_blocking_taints=any(t.get("effect") in BLOCKING_EFFECTS for i in eligible for t in i.taints),
+                gpu_resources=frozenset(i.gpu_resource for i in eligible if i.gpu_resource),
             )
         )
     pools.sort(key=lambda p: p.name)
