@@ -141,18 +141,21 @@ def _choose_engine(spec: InferenceServiceSpec, pool: Pool, fitting: list[Inferen
 
 
 def choose_runtimes(spec: InferenceServiceSpec, pools: list[Pool], runtimes: list[InferenceRuntime]) -> tuple[list[PoolChoice], list[Excluded]]:
-    """Every pool's choice, then the placement rule: accelerator pools first. CPU pools serve only when
-    placement.vendors lists cpu or when no accelerator pool could be chosen."""
+    """Every pool's choice, then the placement rule: accelerator pools first. A CPU pool serves only when
+    placement.vendors lists cpu, when a pool override gives it replicas, or when no accelerator pool could be
+    chosen."""
     chosen, excluded = [], []
     for pool in pools:
         result = choose_for_pool(spec, pool, runtimes)
         (chosen if isinstance(result, PoolChoice) else excluded).append(result)
     accelerated = [ch.pool.name for ch in chosen if ch.pool.vendor != "cpu"]
     if accelerated and "cpu" not in spec.placement.vendors:
+        asked = {o.name for o in spec.pools if o.replicas > 0}
         why = (f"CPUNotRequested: accelerator pool(s) {', '.join(accelerated)} serve this service; CPU pools serve only "
-               "when placement.vendors lists cpu or no accelerator pool is eligible")  # fmt: skip
-        excluded += [Excluded(ch.pool, why) for ch in chosen if ch.pool.vendor == "cpu"]
-        chosen = [ch for ch in chosen if ch.pool.vendor != "cpu"]
+               "when placement.vendors lists cpu, a pools[] override gives them replicas, or no accelerator pool is eligible")  # fmt: skip
+        left_out = [ch for ch in chosen if ch.pool.vendor == "cpu" and ch.pool.name not in asked]
+        excluded += [Excluded(ch.pool, why) for ch in left_out]
+        chosen = [ch for ch in chosen if ch not in left_out]
     return chosen, excluded
 
 

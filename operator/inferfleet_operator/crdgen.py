@@ -200,7 +200,8 @@ def inference_service() -> dict:
             ),
             "replicas": integer("Serving replicas in total across pools.", default_of(api.InferenceServiceSpec, "replicas"), BOUNDS["replicas"]),
             "pools": array(
-                "Per-pool replica overrides; the remaining replicas are spread over the other pools by capacity.",
+                "Per-pool replica overrides (their sum at most replicas); the remaining replicas are spread over the other pools by "
+                "capacity. An override with replicas on a CPU pool lets that pool serve even when placement.vendors does not list cpu.",
                 obj("One pool's replicas.", {"name": string("Pool name as shown in status.pools[].name.", pattern=DNS_LABEL_PATTERN, max_length=63),
                                              "replicas": integer("Replicas in this pool.", bounds=BOUNDS["replicas"])}, required=("name", "replicas")),  # fmt: skip
                 32, "map", ("name",),
@@ -210,8 +211,8 @@ def inference_service() -> dict:
                 {
                     "vendors": array(
                         "Allowed vendors. Accelerator pools come first: replicas fill the GPU pools (by capacity) before any CPU pool gets one, "
-                        "and CPU pools serve only when this list names cpu or when no accelerator pool is eligible. Empty: every vendor under "
-                        "that rule; [cpu]: CPU pools only.",
+                        "and CPU pools serve only when this list names cpu, a pools[] override gives them replicas, or no accelerator pool is "
+                        "eligible. Empty: every vendor under that rule; [cpu]: CPU pools only.",
                         string("Vendor.", enum=VENDORS), len(VENDORS), "set"),
                     "nodeSelector": string_map("Labels every node used must carry.", 32),
                     "tolerations": tolerations_schema(),

@@ -45,6 +45,8 @@ SPLITS = {
         [h100("h1", ready=False), cpu("c1")], 2, {}, {"cpu-amd64": 2}, 0, {NV: "NoEligibleNodes"}),
     "the only GPU node is tainted and not tolerated: CPU serves": (
         [h100("h1", taints=TAINTED), cpu("c1")], 2, {}, {"cpu-amd64": 2}, 0, {NV: "NodesNotUsable"}),
+    "default placement, an override names the CPU pool: it gets its override": (
+        ONE_H100_TEN_CPUS, 4, {}, {NV: 3, "cpu-amd64": 1}, 0, {}),
     "vendors [nvidia]: CPU not allowed": (
         ONE_H100_TEN_CPUS, 2, {"vendors": ["nvidia"]}, {NV: 2}, 0, {"cpu-amd64": "VendorNotAllowed"}),
     "two GPU vendors split by capacity, CPU left out": (
@@ -55,7 +57,8 @@ SPLITS = {
 @pytest.mark.parametrize("case", sorted(SPLITS))
 def test_replicas_split_accelerators_first(case):
     nodes, replicas, placement, want, unplaced, want_excluded = SPLITS[case]
-    p = plan(service(replicas=replicas, placement=placement, runtime={"policy": "Paged"}), nodes)
+    overrides = [{"name": "cpu-amd64", "replicas": 1}] if "override" in case else []
+    p = plan(service(replicas=replicas, placement=placement, runtime={"policy": "Paged"}, pools=overrides), nodes)
     assert split(p) == want
     assert p.status["unplacedReplicas"] == unplaced
     assert excluded(p) == want_excluded
