@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .api import InferenceRuntime, InferenceServiceSpec
 from .nodes import UNKNOWN
-from .pools import Pool
+from .pools import Pool, common_resource
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ def restrict_pool(pool: Pool, keep: list, dropped: tuple[tuple[str, str], ...]) 
         nodes=tuple(keep),
         excluded_nodes=tuple(sorted(pool.excluded_nodes + dropped)),
         gpu_resources=frozenset(i.gpu_resource for i in keep if i.gpu_resource),
+        gpu_resource=common_resource(keep) if pool.vendor != "cpu" else pool.gpu_resource,
     )
 
 
@@ -101,11 +102,14 @@ def choose_for_pool(spec: InferenceServiceSpec, pool: Pool, runtimes: list[Infer
     if isinstance(result, Excluded):
         return result
     resource = served_resource(result.runtime, pool)
-    paged = result.paged_runtime
-    if paged is not None and served_resource(paged, pool) != resource:
+    paged, reason = result.paged_runtime, result.reason
+    if paged is not None and paged.spec.gpu_resource not in ("", resource):
         # Bridge and fallback pods would ask for a resource other than the compiled pods': not on these nodes.
-        paged = next((r for r in fitting if r.spec.engine == "Paged" and served_resource(r, pool) == resource), None)
-    return dataclasses.replace(result, pool=_on_resource(pool, resource), paged_runtime=paged)
+        # A runtime naming no resource requests what the (restricted) pool's nodes advertise, so it fits.
+        paged = next((r for r in fitting if r.spec.engine == "Paged" and r.spec.gpu_resource in ("", resource)), None)
+        companion = f"paged companion {paged.name}" if paged else "no Paged runtime for bridge or fallback"
+        reason = reason.replace(f"paged companion {result.paged_runtime.name}", companion)
+    return dataclasses.replace(result, pool=_on_resource(pool, resource), paged_runtime=paged, reason=reason)
 
 
 def _choose_engine(spec: InferenceServiceSpec, pool: Pool, fitting: list[InferenceRuntime]) -> PoolChoice | Excluded:

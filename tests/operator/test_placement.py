@@ -159,3 +159,17 @@ def test_an_unshared_build_takes_the_services_new_build_settings_a_shared_one_ke
     existing["metadata"]["labels"]["ref.inferfleet.dev/other"] = "true"
     shared = plan(fixed, [h100("h1")], builds={existing["metadata"]["name"]: existing})
     assert shared.engine_builds[0]["spec"]["credentialsSecret"] == ""
+
+
+def test_a_compiled_pool_keeps_only_a_paged_companion_that_requests_the_same_resource():
+    # A pool of xe and i915 nodes: the compiled runtime requests xe, so an i915 paged runtime cannot bridge there.
+    compiled = runtime("aot-xe", "Compiled", ["intel"], priority=10, architectures=["xe-hpc"])
+    compiled["spec"]["gpuResource"] = "gpu.intel.com/xe"
+    nodes = [intel_max("x1", "gpu.intel.com/xe"), intel_max("i1"), intel_max("i2")]
+    p = plan(service(replicas=1), nodes, [compiled, I915, FROM_NODE])
+    (entry,) = p.status["pools"]
+    assert entry["runtime"] == "aot-xe" and "paged companion paged-xpu" in entry["choiceReason"]
+    assert entry["servingRuntime"] == "paged-xpu" and _limits(p)["gpu.intel.com/xe"] == "1"
+    assert [(n["name"], n["reason"]) for n in entry["excludedNodes"]] == [("i1", "GPUResourceMissing"), ("i2", "GPUResourceMissing")]
+    alone = plan(service(replicas=1), nodes, [compiled, I915])
+    assert "no Paged runtime for bridge or fallback" in alone.status["pools"][0]["choiceReason"]
