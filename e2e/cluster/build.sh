@@ -18,8 +18,8 @@ tools=("${kube_tools[@]}" etcd kwok kwokctl helm)
 # at build time; a marker records it, so a helm cached before the stamp existed is rebuilt alone
 # (the other binaries, keyed by the hash of pins.env, are kept).
 helm_marker="$bin/helm.kube-version"
-[ -x "$bin/helm" ] && [ ! -s "$helm_marker" ] && rm -f "$bin/helm"
-all_built() { for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done; }
+helm_built() { [ -x "$bin/helm" ] && [ -s "$helm_marker" ]; }
+all_built() { for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done; helm_built; }
 if all_built; then echo "$bin"; exit 0; fi
 
 command -v go >/dev/null || { echo "[build] Go is needed to build the local control plane (see README)" >&2; exit 1; }
@@ -27,6 +27,7 @@ mkdir -p "$bin" "$cache/go-work"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 log() { echo "[build] $*" >&2; }
 todo=0; for t in "${tools[@]}"; do [ -x "$bin/$t" ] || todo=$((todo + 1)); done
+[ -x "$bin/helm" ] && ! helm_built && todo=$((todo + 1))
 step=0
 progress() { step=$((step + 1)); log "($step/$todo) Building $*"; }
 began=$(date +%s)
@@ -102,7 +103,7 @@ build_helm() {
   build_go_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "$stamp"
   echo "v1.$minor.0" > "$helm_marker"
 }
-[ -x "$bin/helm" ] || build_helm
+helm_built || build_helm
 all_built || build_kubernetes
 
 # Every binary must report the pinned version, or the build is wrong (e.g. stamps not applied).
