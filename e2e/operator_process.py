@@ -135,7 +135,7 @@ ENGINE_CACHE_CLAIM = "inferfleet-engine-cache"
 RUNTIMES = [
     ("paged-cuda", "Paged", ["nvidia"], [], "nvidia.com/gpu", 100),
     ("paged-rocm", "Paged", ["amd"], [], "amd.com/gpu", 100),
-    ("paged-xpu", "Paged", ["intel"], [], "gpu.intel.com/xe", 100),
+    ("paged-xpu", "Paged", ["intel"], [], "", 100),
     ("paged-cpu", "Paged", ["cpu"], [], "", 10),
     ("compiled-tensorrt", "Compiled", ["nvidia"],
      ["sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm120"], "nvidia.com/gpu", 200),

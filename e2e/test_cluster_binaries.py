@@ -33,3 +33,17 @@ def test_binary_reports_its_pinned_version(binary: str, args: list[str], pin: st
     want = pins()[pin]
     assert (want.removeprefix("v") if binary == "etcd" else want) in output, output
     assert "v0.0.0" not in output
+
+
+def test_helm_has_its_default_kubernetes_version_stamped(tmp_path):
+    # helm renders without --kube-version against this default; unstamped it is v1.20.0, which the
+    # chart's kubeVersion refuses. build.sh stamps 1.<minor of helm's client-go> and records it.
+    chart = tmp_path / "probe"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\ndata: {kube: \"{{ .Capabilities.KubeVersion.Version }}\"}\n")
+    rendered = subprocess.run([str(cluster_bin() / "helm"), "template", str(chart)], capture_output=True, text=True,
+                              check=True, timeout=30).stdout
+    stamped = (cluster_bin() / "helm.kube-version").read_text().strip()
+    assert f'kube: "{stamped}"' in rendered and stamped != "v1.20.0", rendered

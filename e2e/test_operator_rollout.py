@@ -43,8 +43,10 @@ def _snapshot(cluster, ns) -> dict:
 def test_mixed_fleet_serves_compiled_on_nvidia_and_paged_elsewhere(cluster, ns, operator):
     pools = live_pools(cluster, FLEET)
     writes_before = operator.writes_by_kind()
-    cluster.apply(service_manifest("fleet", replicas=len(pools), pools={p.name: 1 for p in pools}),
-                  namespace=ns)
+    # cpu listed: without it CPU pools serve only when no accelerator pool is eligible.
+    every_vendor = {"vendors": sorted({p.vendor for p in pools})}
+    cluster.apply(service_manifest("fleet", replicas=len(pools), pools={p.name: 1 for p in pools},
+                                   placement=every_vendor), namespace=ns)
     status = wait_for(lambda: (s := pool_status(cluster, ns, "fleet")) and len(s) == len(pools) and s,
                       timeout=30, message="a status entry for every pool")
     compiled = {p.name for p in pools if p.vendor == "nvidia" and p.architecture.startswith("sm")}

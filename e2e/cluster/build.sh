@@ -14,7 +14,12 @@ bin="$cache/cluster-bin/$pin_hash"
 kube_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 tools=("${kube_tools[@]}" etcd kwok kwokctl helm)
 
-all_built() { for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done; }
+# helm's default Kubernetes version (what `helm template` assumes without --kube-version) is stamped
+# at build time; a marker records it, so a helm cached before the stamp existed is rebuilt alone
+# (the other binaries, keyed by the hash of pins.env, are kept).
+helm_marker="$bin/helm.kube-version"
+helm_built() { [ -x "$bin/helm" ] && [ -s "$helm_marker" ]; }
+all_built() { for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done; helm_built; }
 if all_built; then echo "$bin"; exit 0; fi
 
 command -v go >/dev/null || { echo "[build] Go is needed to build the local control plane (see README)" >&2; exit 1; }
@@ -22,6 +27,7 @@ mkdir -p "$bin" "$cache/go-work"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 log() { echo "[build] $*" >&2; }
 todo=0; for t in "${tools[@]}"; do [ -x "$bin/$t" ] || todo=$((todo + 1)); done
+[ -x "$bin/helm" ] && ! helm_built && todo=$((todo + 1))
 step=0
 progress() { step=$((step + 1)); log "($step/$todo) Building $*"; }
 began=$(date +%s)
@@ -83,7 +89,21 @@ build_go_installable() {
 [ -x "$bin/etcd" ] || build_etcd
 [ -x "$bin/kwok" ] || build_go_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 [ -x "$bin/kwokctl" ] || build_go_installable kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
-[ -x "$bin/helm" ] || build_go_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+# As helm's Makefile does: the default Kubernetes version is 1.<minor of the client-go helm requires>.
+build_helm() {
+  local gomod client_go minor stamp
+  gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  client_go=$(awk '$1 == "k8s.io/client-go" {print $2; exit}' "$gomod")
+  [ -n "$client_go" ] || { log "Found no k8s.io/client-go in $gomod"; return 1; }
+  minor=$(echo "$client_go" | cut -d. -f2)
+  stamp="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    stamp+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
+  build_go_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "$stamp"
+  echo "v1.$minor.0" > "$helm_marker"
+}
+helm_built || build_helm
 all_built || build_kubernetes
 
 # Every binary must report the pinned version, or the build is wrong (e.g. stamps not applied).
@@ -104,5 +124,6 @@ check_version "${ETCD_VERSION#v}" "$bin/etcd" --version
 check_version "$KWOK_VERSION" "$bin/kwok" --version
 check_version "$KWOK_VERSION" "$bin/kwokctl" --version
 check_version "$HELM_VERSION" "$bin/helm" version
+log "  helm default Kubernetes version: $(cat "$helm_marker")"
 log "Built in $(( $(date +%s) - began )) s"
 echo "$bin"

@@ -31,6 +31,7 @@ BOUNDS = {
     "max_attempts": (1, 10),
     "backoff_seconds": (1, 3600),
     "priority": (-1000, 1000),
+    "build_deadline_seconds": (60, 7 * 86400),
 }
 
 _CAMEL_OVERRIDES: dict[str, str] = {}  # snake -> camel where the generic rule is wrong (none yet)
@@ -52,6 +53,11 @@ class ModelSpec:
     name: str
     uri: str
     revision: str = "main"
+    # Bytes the downloaded files take (a quantity, e.g. "16Gi"); "" = not stated. When stated, the model
+    # emptyDir is limited to it and the pods that fill it request it as ephemeral-storage.
+    size: str = ""
+    # A Secret in the service's namespace whose keys are env vars of `fetch` (HF_TOKEN, AWS_*); "" = none.
+    credentials_secret: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,9 +98,12 @@ class Toleration:
 
 @dataclass(frozen=True)
 class Placement:
-    vendors: tuple[str, ...] = ()  # empty: every vendor
+    vendors: tuple[str, ...] = ()  # empty: every accelerator vendor, and cpu only when no accelerator pool is eligible
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    # Tolerate taints keyed by the GPU resource the pods request (any effect), as the ExtendedResourceToleration
+    # admission plugin does; False: only placement.tolerations count.
+    tolerate_gpu_taints: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,22 @@ class Resources:
     gpus_per_replica: int = 1
     cpu: str = "2"
     memory: str = "8Gi"
+
+
+@dataclass(frozen=True)
+class BuildResources:
+    """Requests of the compile container; memory is request and limit."""
+
+    cpu: str = "2"
+    memory: str = "16Gi"
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """How compile Jobs run (not part of the engine key)."""
+
+    deadline_seconds: int = 7200  # per attempt, download included
+    resources: BuildResources = field(default_factory=BuildResources)
 
 
 @dataclass(frozen=True)
@@ -113,6 +138,7 @@ class InferenceServiceSpec:
     pools: tuple[PoolOverride, ...] = ()  # per-pool replica overrides
     placement: Placement = field(default_factory=Placement)
     resources: Resources = field(default_factory=Resources)
+    build: BuildSpec = field(default_factory=BuildSpec)
 
 
 # ---------------------------------------------------------------- InferenceRuntime
@@ -153,6 +179,10 @@ class EngineBuildSpec:
     max_attempts: int = 3
     backoff_seconds: int = 10
     placement: BuildPlacement = field(default_factory=BuildPlacement)
+    deadline_seconds: int = 7200
+    resources: BuildResources = field(default_factory=BuildResources)
+    model_size: str = ""
+    credentials_secret: str = ""
 
 
 # ---------------------------------------------------------------- objects
@@ -308,6 +338,8 @@ def parse_service(obj: dict) -> InferenceService:
         raise SpecError("spec.model.uri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH or s3://BUCKET/KEY")
     if spec.engine.tensor_parallel_size != spec.resources.gpus_per_replica:
         raise SpecError("spec.engine.tensorParallelSize must equal spec.resources.gpusPerReplica")
+    if sum(o.replicas for o in spec.pools) > spec.replicas:
+        raise SpecError("spec.pools: the sum of pools[].replicas must be at most spec.replicas")
     return InferenceService(meta=_meta(obj), spec=spec, status=dict(obj.get("status") or {}))
 
 

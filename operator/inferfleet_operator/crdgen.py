@@ -26,12 +26,29 @@ from .crdschema import array, boolean, column, integer, obj, rule, string, strin
 
 URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.+|hf://[^/]+/[^/]+|file:///.+|s3://[^/]+/.+)$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+# Patterns used inside CEL strings spell a literal dot as [.] (CEL has no \. escape).
+# Bytes: a whole number, or a decimal with a unit; no `m` (512m is 0.512 bytes).
+BYTES_PATTERN = r"^([0-9]+|[0-9]+([.][0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei))$"
+# A label key (what a taint key is): optional DNS-subdomain prefix and "/", then a name of at most 63 characters.
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+SECRET_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
 
 
 # ------------------------------------------------------------------ shared pieces
+
+
+def bytes_quantity(description: str, field: str, default=None) -> dict:
+    """A quantity of bytes: refuses the milli suffix with a message naming the field."""
+    message = f"{field} must be whole bytes, e.g. 8Gi, 500M or 1073741824 (the m suffix means thousandths: 512m is 0.512 bytes)"
+    return string(description, default, max_length=32, rules=[rule(f"self == '' || self.matches('{BYTES_PATTERN}')", message)])
+
+
+def image_rule(field: str) -> dict:
+    return rule(f"self.{field}.size() > 0 && !self.{field}.contains(' ')", f"{field} must name a container image (not empty, no spaces)", fieldPath=f".{field}")
 
 
 def envelope_schema(description: str, rules=None) -> dict:
@@ -50,19 +67,27 @@ def envelope_schema(description: str, rules=None) -> dict:
     )
 
 
-def tolerations_schema() -> dict:
+def tolerations_schema(max_items: int = 32) -> dict:
     item = obj(
         "A toleration copied to the pods (same meaning as a pod's).",
         {
-            "key": string("Taint key; empty with operator Exists tolerates every taint.", max_length=253),
+            "key": string("Taint key (a label key such as nvidia.com/gpu); empty with operator Exists tolerates every taint.", max_length=253,
+                          rules=[rule(f"self == '' || self.matches('{LABEL_KEY_PATTERN}')",
+                                      "tolerations[].key must be a label key such as nvidia.com/gpu: an optional DNS prefix and '/', then "
+                                      "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")]),
             "operator": string("Exists or Equal.", "Equal", ("Exists", "Equal")),
-            "value": string("Taint value (Equal only).", max_length=63),
+            "value": string("Taint value (Equal only).", max_length=63,
+                            rules=[rule(f"self.matches('{LABEL_VALUE_PATTERN}')", "tolerations[].value must be a label value: letters, digits, '-', '_' or '.', starting and ending with a letter or digit")]),
             "effect": string("Empty: every effect.", enum=("", "NoSchedule", "PreferNoSchedule", "NoExecute")),
             "tolerationSeconds": integer("NoExecute only: how long the pod stays after the taint appears.", bounds=(0, 86400 * 365)),
         },
-        rules=[rule("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''", "tolerations[].value must be empty when operator is Exists")],
+        rules=[
+            rule("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''", "tolerations[].value must be empty when operator is Exists"),
+            rule("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')", "tolerations[].operator must be Exists when key is empty"),
+            rule("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')", "tolerations[].tolerationSeconds needs effect NoExecute"),
+        ],
     )
-    return array("Tolerations for the nodes' taints.", item, 32)
+    return array("Tolerations for the nodes' taints.", item, max_items)
 
 
 def condition_schema() -> dict:
@@ -112,6 +137,30 @@ AGE = column("Age", ".metadata.creationTimestamp", "date")
 # ------------------------------------------------------------------ the kinds
 
 
+def build_resources_schema() -> dict:
+    d = lambda name: default_of(api.BuildResources, name)  # noqa: E731
+    return obj(
+        "Requests of the compile container.",
+        {
+            "cpu": string("CPU request, a Kubernetes quantity.", d("cpu"), pattern=QUANTITY_PATTERN),
+            "memory": bytes_quantity("Memory request and limit, a Kubernetes quantity of bytes.", "build.resources.memory", d("memory")),
+        },
+        default={},
+    )
+
+
+def build_schema() -> dict:
+    return obj(
+        "How compile Jobs run. Not part of the engine key; a build shared with other services keeps the settings it was created with.",
+        {
+            "deadlineSeconds": integer("Seconds one compile attempt may take, model download included (the Job's activeDeadlineSeconds).",
+                                       default_of(api.BuildSpec, "deadline_seconds"), BOUNDS["build_deadline_seconds"]),
+            "resources": build_resources_schema(),
+        },
+        default={},
+    )
+
+
 def inference_service() -> dict:
     d_rt = lambda name: default_of(api.RuntimeSpec, name)  # noqa: E731
     d_res = lambda name: default_of(api.Resources, name)  # noqa: E731
@@ -126,6 +175,14 @@ def inference_service() -> dict:
                     "uri": string("Where the weights are: pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH (hostPath) or s3://BUCKET/KEY.", max_length=1024,
                                   rules=[rule(f"self.matches('{URI_PATTERN}')", "model.uri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///ABSOLUTE/PATH or s3://BUCKET/KEY")]),  # fmt: skip
                     "revision": string("Model revision (branch, tag or commit).", default_of(api.ModelSpec, "revision"), max_length=128),
+                    "size": bytes_quantity(
+                        "Bytes the model's files take once downloaded (hf://, s3://), e.g. 16Gi. When set, the model emptyDir gets it as sizeLimit and "
+                        "the serving and compile containers request it as ephemeral-storage; unset, the volume is unbounded and nothing is requested.",
+                        "model.size"),
+                    "credentialsSecret": string(
+                        "Name of a Secret in the service's namespace whose keys become environment variables of the model download (the fetch init "
+                        "containers of serving pods and compile Jobs, never the server): HF_TOKEN for hf://; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                        "AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL for s3://. The operator never reads it.", pattern=SECRET_NAME_PATTERN, max_length=253),
                 },
                 required=("name", "uri"),
             ),
@@ -143,7 +200,8 @@ def inference_service() -> dict:
             ),
             "replicas": integer("Serving replicas in total across pools.", default_of(api.InferenceServiceSpec, "replicas"), BOUNDS["replicas"]),
             "pools": array(
-                "Per-pool replica overrides; the remaining replicas are spread over the other pools by capacity.",
+                "Per-pool replica overrides (their sum at most replicas); the remaining replicas are spread over the other pools by "
+                "capacity. An override with replicas on a CPU pool lets that pool serve even when placement.vendors does not list cpu.",
                 obj("One pool's replicas.", {"name": string("Pool name as shown in status.pools[].name.", pattern=DNS_LABEL_PATTERN, max_length=63),
                                              "replicas": integer("Replicas in this pool.", bounds=BOUNDS["replicas"])}, required=("name", "replicas")),  # fmt: skip
                 32, "map", ("name",),
@@ -151,9 +209,17 @@ def inference_service() -> dict:
             "placement": obj(
                 "Where the service may run.",
                 {
-                    "vendors": array("Allowed GPU vendors (empty: all).", string("Vendor.", enum=VENDORS), len(VENDORS), "set"),
+                    "vendors": array(
+                        "Allowed vendors. Accelerator pools come first: replicas fill the GPU pools (by capacity) before any CPU pool gets one, "
+                        "and CPU pools serve only when this list names cpu, a pools[] override gives them replicas, or no accelerator pool is "
+                        "eligible. Empty: every vendor under that rule; [cpu]: CPU pools only.",
+                        string("Vendor.", enum=VENDORS), len(VENDORS), "set"),
                     "nodeSelector": string_map("Labels every node used must carry.", 32),
                     "tolerations": tolerations_schema(),
+                    "tolerateGpuTaints": boolean(
+                        "Tolerate taints keyed by the GPU resource a pool's pods request (nvidia.com/gpu, amd.com/gpu, gpu.intel.com/i915, ...; any "
+                        "effect), as Kubernetes' ExtendedResourceToleration does: such tainted nodes are eligible. False: only tolerations count.",
+                        default_of(api.Placement, "tolerate_gpu_taints")),
                 },
                 default={},
             ),
@@ -162,18 +228,19 @@ def inference_service() -> dict:
                 {
                     "gpusPerReplica": integer("GPUs per replica (ignored on cpu pools).", d_res("gpus_per_replica"), BOUNDS["gpus_per_replica"]),
                     "cpu": string("CPU request, a Kubernetes quantity.", d_res("cpu"), pattern=QUANTITY_PATTERN),
-                    "memory": string("Memory request and limit, a Kubernetes quantity.", d_res("memory"), pattern=QUANTITY_PATTERN),
+                    "memory": bytes_quantity("Memory request and limit, a Kubernetes quantity of bytes.", "resources.memory", d_res("memory")),
                 },
                 default={},
             ),
+            "build": build_schema(),
         },
         required=("model",),
         rules=[
             rule("self.engine.tensorParallelSize == self.resources.gpusPerReplica",
                  "engine.tensorParallelSize must equal resources.gpusPerReplica: a replica shards the model over exactly its own GPUs",
                  fieldPath=".engine.tensorParallelSize"),
-            rule("!has(self.pools) || self.pools.all(p, p.replicas <= self.replicas)",
-                 "each pools[].replicas must be at most replicas (the total across pools)", fieldPath=".pools"),
+            rule("!has(self.pools) || self.pools.map(p, p.replicas).sum() <= self.replicas",
+                 "the sum of pools[].replicas must be at most replicas (the total across pools)", fieldPath=".pools"),
         ],  # fmt: skip
     )
     pool_entry = obj(
@@ -189,6 +256,13 @@ def inference_service() -> dict:
             }.items()},  # fmt: skip
             "nodes": integer("Eligible nodes in the pool."),
             "desiredReplicas": integer("Replicas planned for the pool."),
+            "excludedNodes": array(
+                "Nodes of the pool this service cannot use, by name (at most 100 listed).",
+                obj("One node left out.", {"name": string("Node name."), "reason": string("CamelCase reason."), "message": string("Detail.")},
+                    required=("name",)),
+                100, "map", ("name",),
+            ),
+            "excludedNodeCount": integer("Nodes of the pool left out, all counted."),
             "readyReplicas": integer("Ready replicas of the pool's Deployment."),
         },
         required=("name",),
@@ -229,14 +303,16 @@ def inference_runtime() -> dict:
             "engine": string("Paged or Compiled.", enum=ENGINES),
             "vendors": array("GPU vendors it serves on.", string("Vendor.", enum=VENDORS), len(VENDORS), "set", min_items=1),
             "architectures": array("GPU architectures it serves on (empty: every architecture of the vendors), e.g. sm90, gfx942.", string("Architecture.", max_length=32), 64, "set"),
-            "image": string("Serving image (runs `inferfleet-runtime serve`).", max_length=512),
+            "image": string("Serving image (runs `inferfleet-runtime serve`); not empty.", max_length=512),
             "compileImage": string("Compiled only: image that runs `inferfleet-runtime compile`.", max_length=512),
             "gpuResource": string("Extended resource pods request (empty: the one the pool's nodes advertise).", pattern=RESOURCE_NAME_PATTERN, max_length=253),
             "priority": integer("Higher wins among runtimes that fit a pool.", d("priority"), BOUNDS["priority"]),
         },
         required=("engine", "vendors", "image"),
         rules=[
-            rule("self.engine != 'Compiled' || (has(self.compileImage) && self.compileImage != '')", "compileImage is required when engine is Compiled", fieldPath=".compileImage"),
+            image_rule("image"),
+            rule("self.engine != 'Compiled' || (has(self.compileImage) && self.compileImage.size() > 0 && !self.compileImage.contains(' '))",
+                 "compileImage is required when engine is Compiled and must name a container image (not empty, no spaces)", fieldPath=".compileImage"),
             rule("self.engine != 'Paged' || !has(self.compileImage) || self.compileImage == ''", "compileImage is only used by engine Compiled: remove it or set engine Compiled", fieldPath=".compileImage"),
         ],  # fmt: skip
     )
@@ -264,9 +340,14 @@ def engine_build() -> dict:
             "backoffSeconds": integer("Delay after the first failed attempt; doubles each attempt.", d("backoff_seconds"), BOUNDS["backoff_seconds"]),
             "placement": obj(
                 "Where compile Jobs may run (mutable: nodes come and go).",
-                {"nodeNames": array("Nodes of the target architecture.", string("Node name.", max_length=253), 5000, "set"), "tolerations": tolerations_schema()},
+                {"nodeNames": array("Nodes of the target architecture.", string("Node name.", max_length=253), 5000, "set"),
+                 "tolerations": tolerations_schema(33)},  # the service's 32 and the GPU resource's
                 default={},
             ),
+            "deadlineSeconds": integer("Seconds one attempt may take (the Job's activeDeadlineSeconds).", d("deadline_seconds"), BOUNDS["build_deadline_seconds"]),
+            "resources": build_resources_schema(),
+            "modelSize": bytes_quantity("Bytes of the downloaded model (emptyDir sizeLimit, ephemeral-storage request); empty: unbounded.", "modelSize"),
+            "credentialsSecret": string("Secret whose keys become the model download's environment; empty: none.", pattern=SECRET_NAME_PATTERN, max_length=253),
         },
         required=("engineKey", "modelUri", "revision", "envelope", "vendor", "architecture", "image", "compileImage"),
     )

@@ -22,7 +22,6 @@ RUNTIME_ANNOTATION = "inferfleet.dev/runtime"
 ATTEMPT_ANNOTATION = "inferfleet.dev/attempt"
 MANAGER = "inferfleet-operator"
 RUN_AS = 1000  # the runtime images' non-root user
-COMPILE_DEADLINE_SECONDS = 7200
 
 
 def common_labels(service: str | None = None, pool: str | None = None) -> dict:
@@ -98,8 +97,9 @@ def _tolerations(tolerations: tuple[Toleration, ...]) -> list[dict]:
     return [{k: v for k, v in to_dict(t).items() if v != "" or k == "key"} for t in tolerations]
 
 
-def _model_source(uri: str, revision: str, settings: PlanSettings) -> tuple[str, dict, list[dict]]:
-    """-> (model directory in the pod, the "model" volume, init containers that fill it)."""
+def _model_source(uri: str, revision: str, settings: PlanSettings, size: str = "") -> tuple[str, dict, list[list[str]]]:
+    """-> (model directory in the pod, the "model" volume, the args of the init containers that fill it).
+    A downloaded model's emptyDir is limited to `size` when it is stated."""
     scheme = uri_scheme(uri)
     rest = uri.split("://", 1)[1]
     if scheme == "pvc":
@@ -113,11 +113,13 @@ def _model_source(uri: str, revision: str, settings: PlanSettings) -> tuple[str,
     args = ["fetch", "--uri", uri, "--to", directory]
     if revision and revision != "main":
         args += ["--revision", revision]
-    return directory, {"name": "model", "emptyDir": {}}, [args]
+    return directory, {"name": "model", "emptyDir": {"sizeLimit": size} if size else {}}, [args]
 
 
-def _fetch_container(image: str, args: list[str], settings: PlanSettings) -> dict:
-    return {
+def _fetch_container(image: str, args: list[str], settings: PlanSettings, credentials_secret: str) -> dict:
+    """The init container that downloads the model. The credentials Secret's keys (HF_TOKEN, AWS_*) become its
+    environment: only this container's, never the server's."""
+    container = {
         "name": "fetch-model",
         "image": image,
         "command": ["inferfleet-runtime"],
@@ -127,6 +129,25 @@ def _fetch_container(image: str, args: list[str], settings: PlanSettings) -> dic
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "model", "mountPath": settings.model_mount}, {"name": "tmp", "mountPath": "/tmp"}],
     }
+    if credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": credentials_secret}}]
+    return container
+
+
+def _with_model_storage(requests: dict, size: str, has_fetch: bool) -> dict:
+    """A downloaded model lives in the pod's emptyDir for the pod's life: the long-running container requests
+    its size as ephemeral-storage, so the scheduler picks a node with room for it."""
+    return requests | {"ephemeral-storage": size} if size and has_fetch else requests
+
+
+def pod_tolerations(user: tuple[Toleration, ...], tolerate_gpu_taints: bool, gpu_resource: str) -> list[dict]:
+    """placement.tolerations plus, unless opted out, one for taints keyed by the GPU resource the pod requests."""
+    out = _tolerations(user)
+    if tolerate_gpu_taints and gpu_resource:
+        gpu = {"key": gpu_resource, "operator": "Exists"}
+        if gpu not in out:
+            out.append(gpu)
+    return out
 
 
 def _node_affinity(pool: Pool) -> dict:
@@ -190,11 +211,11 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         volumes.append({"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}})
         mounts.append({"name": "engines", "mountPath": settings.engine_cache_mount, "readOnly": True})
     else:
-        model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings)
+        model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings, spec.model.size)
         args = ["serve", "--model", model_dir, "--engine", "paged"] + _serve_limit_args(spec.engine)
         volumes.append(volume)
         mounts.append({"name": "model", "mountPath": settings.model_mount, "readOnly": True})
-        init_containers = [_fetch_container(image, a, settings) for a in fetches]
+        init_containers = [_fetch_container(image, a, settings, spec.model.credentials_secret) for a in fetches]
     args += ["--port", str(settings.port), "--served-model-name", spec.model.name]
     limits = {"memory": spec.resources.memory}
     if serving.gpu_resource:
@@ -206,7 +227,10 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         "args": args,
         "env": _env(),
         "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, "limits": limits},
+        "resources": {
+            "requests": _with_model_storage({"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model.size, bool(init_containers)),
+            "limits": limits,
+        },
         # Loading weights can take minutes: the startup probe holds liveness off for up to 20 minutes.
         "startupProbe": _probe("/health", 10, 120),
         "livenessProbe": _probe("/health", 10, 3),
@@ -226,8 +250,9 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         pod_spec["initContainers"] = init_containers
     if spec.placement.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(spec.placement.node_selector.items()))
-    if spec.placement.tolerations:
-        pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
+    tolerations = pod_tolerations(spec.placement.tolerations, spec.placement.tolerate_gpu_taints, serving.gpu_resource)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -295,20 +320,21 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
     job_name = bounded_name(name, str(attempt))
     labels = common_labels() | {BUILD_LABEL: name, ENGINE_KEY_LABEL: spec.engine_key, COMPONENT_LABEL: "compiler"}
     annotations = {ATTEMPT_ANNOTATION: str(attempt)}
-    model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings)
+    model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings, spec.model_size)
     out = f"{settings.engine_cache_mount}/{spec.engine_key}"
     args = ["compile", "--model", model_dir, "--out", out, "--backend", compile_backend(spec.vendor)]
     args += _envelope_args(spec.envelope) + ["--engine-key", spec.engine_key, "--target-architecture", spec.architecture]
-    limits = {"memory": "32Gi"}
+    limits = {"memory": spec.resources.memory}
     if spec.gpu_resource:
         limits[spec.gpu_resource] = str(spec.gpus)
+    requests = _with_model_storage({"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model_size, bool(fetches))
     container = {
         "name": "compile",
         "image": spec.compile_image,
         "command": ["inferfleet-runtime"],
         "args": args,
         "env": _env(),
-        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": limits},
+        "resources": {"requests": requests, "limits": limits},
         "securityContext": _container_security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
@@ -330,7 +356,7 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         ],
     }
     if fetches:
-        pod_spec["initContainers"] = [_fetch_container(spec.compile_image, a, settings) for a in fetches]
+        pod_spec["initContainers"] = [_fetch_container(spec.compile_image, a, settings, spec.credentials_secret) for a in fetches]
     if spec.placement.node_names:
         terms = _node_name_terms(spec.placement.node_names)
         pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
@@ -342,7 +368,7 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         "metadata": {"name": job_name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": {
             "backoffLimit": 0,
-            "activeDeadlineSeconds": COMPILE_DEADLINE_SECONDS,
+            "activeDeadlineSeconds": spec.deadline_seconds,
             "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
         },
     }

@@ -133,7 +133,30 @@ def _nvidia_labels(labels: dict):
     return "nvidia", slug or UNKNOWN, arch, _count(labels.get("nvidia.com/gpu.count", 0)), pool_label
 
 
-def _amd_labels(labels: dict):
+AMD_LABEL_FIELDS = ("product-name", "device-id", "family", "count")
+AMD_BETA_PREFIX = "beta.amd.com/gpu."
+
+
+def amd_gpu_labels(labels: dict) -> dict:
+    """The AMD labeller's labels as `amd.com/gpu.<field>` -> value. Its older `beta.amd.com` scheme spells a
+    field either the same way (`beta.amd.com/gpu.family=AI`) or with the value in the key and a count as
+    the label's value (`beta.amd.com/gpu.device-id.74a1=8`); the `amd.com` label wins when both exist."""
+    out = {}
+    for key, value in labels.items():
+        if not key.startswith(AMD_BETA_PREFIX):
+            continue
+        rest = key[len(AMD_BETA_PREFIX):]
+        for name in AMD_LABEL_FIELDS:
+            if rest == name:
+                out[f"amd.com/gpu.{name}"] = str(value)
+            elif rest.startswith(name + ".") and name != "count":
+                out[f"amd.com/gpu.{name}"] = rest[len(name) + 1:]
+    out.update({k: v for k, v in labels.items() if k.startswith("amd.com/gpu.")})
+    return out
+
+
+def _amd_labels(node_labels: dict):
+    labels = amd_gpu_labels(node_labels)
     product_name = labels.get("amd.com/gpu.product-name", "")
     device_id = labels.get("amd.com/gpu.device-id", "").lower().removeprefix("0x")
     family = labels.get("amd.com/gpu.family", "").lower()
@@ -146,10 +169,11 @@ def _amd_labels(labels: dict):
         arch = _match_arch(product, AMD_PRODUCT_ARCH) if arch == UNKNOWN else arch
     if arch == UNKNOWN and family.startswith("gfx"):
         arch = family
-    if product_name:
+    # Affinity needs a label that node really carries with this value (not one rebuilt from a beta key).
+    if product_name and node_labels.get("amd.com/gpu.product-name") == product_name:
         pool_label = ("amd.com/gpu.product-name", product_name)
-    elif device_id:
-        pool_label = ("amd.com/gpu.device-id", labels["amd.com/gpu.device-id"])
+    elif device_id and "amd.com/gpu.device-id" in node_labels:
+        pool_label = ("amd.com/gpu.device-id", node_labels["amd.com/gpu.device-id"])
     else:
         pool_label = None
     return "amd", product or UNKNOWN, arch, _count(labels.get("amd.com/gpu.count", 0)), pool_label

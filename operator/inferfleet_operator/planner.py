@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -21,7 +20,7 @@ from .api import (
     parse_runtime,
     parse_service,
 )
-from .choice import Excluded, PoolChoice, choose_runtimes
+from .choice import Excluded, PoolChoice, choose_runtimes, placement_tier, restrict_pool
 from .conditions import PlannedEvent
 from .engine_key import engine_key
 from .manifests import ENGINE_KEY_ANNOTATION, PoolServing
@@ -142,19 +141,31 @@ def _tolerates(tolerations: tuple[Toleration, ...], taint: dict) -> bool:
     return False
 
 
+def gpu_toleration(placement, gpu_resource: str) -> tuple[Toleration, ...]:
+    """The toleration pods get for taints keyed by the GPU resource they request (what Kubernetes'
+    ExtendedResourceToleration admission plugin adds), unless placement.tolerateGpuTaints is false."""
+    if not placement.tolerate_gpu_taints or not gpu_resource:
+        return ()
+    return (Toleration(key=gpu_resource, operator="Exists"),)
+
+
 def _node_blocker(info, service: InferenceService) -> str:
     placement = service.spec.placement
     for key, value in placement.node_selector.items():
         if info.labels.get(key) != value:
-            return f"label {key}={value} (placement.nodeSelector) missing"
+            return f"NodeSelectorMismatch: label {key}={value} (placement.nodeSelector) missing"
     for taint in info.taints:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(placement.tolerations, taint):
-            return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not in placement.tolerations"
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        is_gpu_taint = placement.tolerate_gpu_taints and info.gpu_resource and taint.get("key") == info.gpu_resource
+        if not is_gpu_taint and not _tolerates(placement.tolerations, taint):
+            return f"TaintNotTolerated: taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not in placement.tolerations"
     return ""
 
 
 def _service_pool(pool: Pool, service: InferenceService) -> Pool | Excluded:
-    """The pool restricted to the nodes this service may use (nodeSelector, taints)."""
+    """The pool restricted to the nodes this service may use (nodeSelector, taints); the others are listed in
+    the pool's excluded nodes."""
     if not service.spec.placement.node_selector and not pool.has_blocking_taints:
         return pool
     blockers = [(info, _node_blocker(info, service)) for info in pool.nodes]
@@ -164,17 +175,23 @@ def _service_pool(pool: Pool, service: InferenceService) -> Pool | Excluded:
     if not keep:
         first = blockers[0]
         return Excluded(pool, f"NodesNotUsable: {len(blockers)} node(s), e.g. {first[0].name}: {first[1]}")
-    return dataclasses.replace(
-        pool,
-        node_names=tuple(i.name for i in keep),
-        node_gpus=tuple(i.gpu_count for i in keep),
-        node_cpu_millis=tuple(i.cpu_millis for i in keep),
-        gpus_per_node=min(i.gpu_count for i in keep),
-        nodes=tuple(keep),
-    )
+    return restrict_pool(pool, keep, tuple((info.name, why) for info, why in blockers if why))
 
 
 # ------------------------------------------------------------------ the plan
+
+
+MAX_LISTED_NODES = 100  # status.pools[].excludedNodes lists at most this many (excludedNodeCount counts all)
+
+
+def excluded_nodes_status(excluded: tuple[tuple[str, str], ...]) -> dict:
+    """(node, "Reason: detail") pairs -> status.pools[] fields: excludedNodes [{name, reason, message}] by name,
+    and excludedNodeCount."""
+    listed = []
+    for name, text in sorted(excluded)[:MAX_LISTED_NODES]:
+        reason, _, message = text.partition(": ")
+        listed.append({"name": name, "reason": reason, "message": message})
+    return {"excludedNodes": listed, "excludedNodeCount": len(excluded)}
 
 
 def _runtime_identity(runtime: InferenceRuntime) -> str:
@@ -186,15 +203,36 @@ def _build_state(build: dict | None) -> str:
     return ((build or {}).get("status") or {}).get("state") or "Pending"
 
 
+def _build_settings(spec) -> dict:
+    """The EngineBuild fields that say how compile Jobs run, not what they build (mutable, outside the key)."""
+    return {
+        "deadlineSeconds": spec.build.deadline_seconds,
+        "resources": {"cpu": spec.build.resources.cpu, "memory": spec.build.resources.memory},
+        "modelSize": spec.model.size,
+        "credentialsSecret": spec.model.credentials_secret,
+    }
+
+
 def _build_spec(service: InferenceService, choice: PoolChoice, key: str, view: ClusterView, existing: dict | None) -> EngineBuildSpec | dict:
     """The spec of the build for `key`: as stored when the build exists (its spec is immutable, and re-emitting
-    it keeps services that share the build from fighting over its placement), else from this service's view."""
+    it keeps services that share the build from fighting over its placement), else from this service's view.
+    A build no other service references takes this service's build settings (deadline, resources, model size,
+    credentials), so a fix to them reaches the next attempt."""
     runtime, pool = choice.runtime, choice.pool
     if existing is not None and (existing.get("spec") or {}).get("engineKey") == key:
-        return dict(existing["spec"])
-    # Every eligible node of the vendor and architecture: the same answer for every service sharing the key.
+        stored = dict(existing["spec"])
+        labels = (existing.get("metadata") or {}).get("labels") or {}
+        others = [k for k in labels if k.startswith(m.REF_LABEL_PREFIX) and k != m.ref_label(service.meta.name)]
+        return stored if others else stored | _build_settings(service.spec)
+    gpu_resource = runtime.spec.gpu_resource or pool.gpu_resource
+    # Every eligible node of the vendor and architecture that advertises the resource: the same answer for
+    # every service sharing the key.
     node_names = sorted(
-        name for p in view.pools if p.vendor == pool.vendor and p.architecture == pool.architecture for name in p.node_names
+        info.name
+        for p in view.pools
+        if p.vendor == pool.vendor and p.architecture == pool.architecture
+        for info in p.nodes
+        if info.gpu_resource == gpu_resource
     )
     spec = service.spec
     return EngineBuildSpec(
@@ -206,9 +244,13 @@ def _build_spec(service: InferenceService, choice: PoolChoice, key: str, view: C
         architecture=pool.architecture,
         image=runtime.spec.image,
         compile_image=runtime.spec.compile_image,
-        gpu_resource=runtime.spec.gpu_resource or pool.gpu_resource,
+        gpu_resource=gpu_resource,
         gpus=spec.engine.tensor_parallel_size,
-        placement=BuildPlacement(node_names=tuple(node_names), tolerations=spec.placement.tolerations),
+        placement=BuildPlacement(node_names=tuple(node_names), tolerations=spec.placement.tolerations + gpu_toleration(spec.placement, gpu_resource)),
+        deadline_seconds=spec.build.deadline_seconds,
+        resources=spec.build.resources,
+        model_size=spec.model.size,
+        credentials_secret=spec.model.credentials_secret,
     )
 
 
@@ -237,6 +279,10 @@ def _plan_pool(service, choice: PoolChoice, replicas: int, view, builds, deploym
 
     if choice.engine == "Paged":
         return entry, paged(c.REASON_SERVING_PAGED, choice.runtime)
+    if replicas == 0:
+        # No build for a pool that serves nothing: it would hold GPUs other pools' replicas may need.
+        entry.update(reason=c.REASON_NO_REPLICAS, servingEngine="None")
+        return entry, None
 
     key = engine_key(spec.model.uri, spec.model.revision, spec.engine, pool.architecture, _runtime_identity(choice.runtime))
     wanted_builds.setdefault(key, _build_spec(service, choice, key, view, builds.get(key)))
@@ -282,7 +328,7 @@ def plan_service_in(
 
     capacities = {ch.pool.name: pool_capacity(ch.pool, spec.resources.gpus_per_replica, spec.resources.cpu) for ch in choices}
     overrides = {o.name: o.replicas for o in spec.pools}
-    distribution = distribute(spec.replicas, capacities, overrides)
+    distribution = distribute(spec.replicas, capacities, overrides, {ch.pool.name: placement_tier(ch) for ch in choices})
 
     owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
     wanted_builds: dict[str, EngineBuildSpec | dict] = {}
@@ -292,6 +338,8 @@ def plan_service_in(
         entry, serving = _plan_pool(service, choice, replicas, view, builds, deployments, wanted_builds)
         name = m.deployment_name(service.meta.name, choice.pool.name)
         entry["readyReplicas"] = int(((deployments.get(name) or {}).get("status") or {}).get("readyReplicas") or 0)
+        if choice.pool.excluded_nodes:
+            entry.update(excluded_nodes_status(choice.pool.excluded_nodes))
         if capacities[choice.pool.name] == 0:
             entry["reason"] = c.REASON_NO_CAPACITY
             entry["message"] = f"no node has {spec.resources.gpus_per_replica} allocatable {choice.pool.gpu_resource or 'cpu'}"

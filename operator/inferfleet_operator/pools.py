@@ -28,6 +28,7 @@ class Pool:
     excluded_nodes: tuple[tuple[str, str], ...]  # (node, reason) for nodes of this product left out
     nodes: tuple[NodeInfo, ...] = ()  # the eligible nodes' classification (for per-service filtering)
     has_blocking_taints: bool = False  # some eligible node has a NoSchedule/NoExecute taint
+    gpu_resources: frozenset[str] = frozenset()  # the GPU resources the eligible nodes advertise
 
     @property
     def num_nodes(self) -> int:
@@ -52,6 +53,12 @@ def _architecture(infos: list[NodeInfo]) -> str:
     return min(known.items(), key=lambda item: (-item[1], item[0]))[0]
 
 
+def common_resource(infos) -> str:
+    """The GPU resource most of the nodes advertise (ties by name): what a runtime naming none requests."""
+    resources = Counter(i.gpu_resource for i in infos)
+    return min(resources.items(), key=lambda item: (-item[1], item[0]))[0]
+
+
 def group_pools(nodes: list) -> list[Pool]:
     """Nodes (Node dicts or NodeInfo) -> pools sorted by name. A product whose nodes are all excluded still
     yields a pool (with no node_names) so its exclusion can be explained."""
@@ -65,7 +72,6 @@ def group_pools(nodes: list) -> list[Pool]:
         eligible = [i for i in members if i.is_eligible]
         labels = {i.pool_label for i in eligible}
         pool_label = next(iter(labels)) if len(labels) == 1 else None
-        resources = Counter(i.gpu_resource for i in (eligible or members))
         pools.append(
             Pool(
                 name=pool_name(vendor, product),
@@ -74,13 +80,14 @@ def group_pools(nodes: list) -> list[Pool]:
                 architecture=_architecture(eligible or members),
                 node_names=tuple(i.name for i in eligible),
                 gpus_per_node=min((i.gpu_count for i in eligible), default=0),
-                gpu_resource=min(resources.items(), key=lambda item: (-item[1], item[0]))[0],
+                gpu_resource=common_resource(eligible or members),
                 node_gpus=tuple(i.gpu_count for i in eligible),
                 node_cpu_millis=tuple(i.cpu_millis for i in eligible),
                 pool_label=pool_label,
                 excluded_nodes=tuple((i.name, i.excluded_reason) for i in members if not i.is_eligible),
                 nodes=tuple(eligible),
                 has_blocking_taints=any(t.get("effect") in BLOCKING_EFFECTS for i in eligible for t in i.taints),
+                gpu_resources=frozenset(i.gpu_resource for i in eligible if i.gpu_resource),
             )
         )
     pools.sort(key=lambda p: p.name)

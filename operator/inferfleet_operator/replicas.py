@@ -24,10 +24,27 @@ def pool_capacity(pool: Pool, gpus_per_replica: int, cpu_request: str) -> int:
     return sum(gpus // gpus_per_replica for gpus in pool.node_gpus)
 
 
-def distribute(total: int, capacities: dict[str, int], overrides: dict[str, int]) -> Distribution:
-    """Overridden pools get their override; the rest of `total` is split over the other pools in proportion
-    to capacity (largest remainder, ties by name). No pool gets more than its capacity, so a pool without
-    capacity gets none. Deterministic: depends only on the arguments, not on dict order."""
+def _split(remaining: int, free: dict[str, int]) -> dict[str, int]:
+    """`remaining` over `free` (name -> capacity > 0) in proportion to capacity, largest remainder, ties by
+    name; every pool gets at most its capacity."""
+    cap_total = sum(free.values())
+    if remaining >= cap_total:
+        return dict(free)
+    shares = {n: remaining * c // cap_total for n, c in free.items()}
+    left = remaining - sum(shares.values())
+    by_remainder = sorted(free, key=lambda n: (-(remaining * free[n] % cap_total), n))
+    for name in by_remainder[:left]:
+        shares[name] += 1
+    return shares
+
+
+def distribute(total: int, capacities: dict[str, int], overrides: dict[str, int], tiers: dict[str, int] | None = None) -> Distribution:
+    """Overridden pools get their override; the rest of `total` goes to the other pools tier by tier (lowest
+    tier number first; a pool missing from `tiers` is tier 0): a tier is filled up to its capacity, split in
+    proportion to capacity (largest remainder, ties by name), before the next tier gets any. No pool gets
+    more than its capacity, so a pool without capacity gets none. Deterministic: depends only on the
+    arguments, not on dict order."""
+    tiers = tiers or {}
     result = {name: 0 for name in capacities}
     num_unplaced = 0
     for name, wanted in overrides.items():
@@ -36,16 +53,8 @@ def distribute(total: int, capacities: dict[str, int], overrides: dict[str, int]
             num_unplaced += wanted - result[name]
     remaining = max(0, total - sum(overrides.get(n, 0) for n in capacities if n in overrides))
     free = {n: c for n, c in sorted(capacities.items()) if n not in overrides and c > 0}
-    cap_total = sum(free.values())
-    if remaining >= cap_total:
-        for name, cap in free.items():
-            result[name] = cap
-        num_unplaced += remaining - cap_total
-    elif remaining > 0:
-        shares = {n: remaining * c // cap_total for n, c in free.items()}
-        left = remaining - sum(shares.values())
-        by_remainder = sorted(free, key=lambda n: (-(remaining * free[n] % cap_total), n))
-        for name in by_remainder[:left]:
-            shares[name] += 1
+    for tier in sorted({tiers.get(n, 0) for n in free}):
+        shares = _split(remaining, {n: c for n, c in free.items() if tiers.get(n, 0) == tier})
         result.update(shares)
-    return Distribution(result, num_unplaced)
+        remaining -= sum(shares.values())
+    return Distribution(result, num_unplaced + remaining)

@@ -77,3 +77,21 @@ def test_new_silicon_is_one_more_entry(render):
     assert runtime["spec"] == {"engine": "Paged", "vendors": ["habana"], "image": "acme/runtime-gaudi:1.0",
                                "gpuResource": "habana.ai/gaudi", "priority": 50}
     jsonschema.validate(runtime["spec"], _crd_schema())
+
+
+def test_default_runtimes_serve_intel_nodes_of_either_driver_with_the_resource_they_advertise(render):
+    from datetime import datetime, timezone
+
+    from inferfleet_operator.planner import plan_service
+
+    runtimes = list(_runtimes(render()).values())
+    service = {"metadata": {"name": "llama", "namespace": "default", "uid": "u"},
+               "spec": {"model": {"name": "m", "uri": "hf://org/m"}, "replicas": 1}}
+    for resource in ("gpu.intel.com/i915", "gpu.intel.com/xe"):
+        node = {"metadata": {"name": "intel-0", "labels": {"gpu.intel.com/product": "Max_1550"}},
+                "status": {"allocatable": {"cpu": "32", resource: "4"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+        plan = plan_service(service, [node], runtimes, {}, {}, datetime(2026, 1, 1, tzinfo=timezone.utc))
+        (entry,) = plan.status["pools"]
+        assert entry["runtime"] == "paged-xpu" and entry["desiredReplicas"] == 1
+        (deployment,) = [c for c in plan.children if c["kind"] == "Deployment"]
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][resource] == "1"

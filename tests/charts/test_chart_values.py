@@ -115,3 +115,11 @@ def _exists(values: dict, path: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def test_chart_renders_without_kube_version_against_helms_stamped_default(helm):
+    # e2e/cluster/build.sh stamps helm's default Kubernetes version; unstamped, helm assumes v1.20 and the
+    # chart's kubeVersion (>=1.30) refuses to render.
+    result = helm("template", "fleet", str(CHART), "--namespace", "inferfleet-system")
+    assert result.returncode == 0, result.stderr
+    assert "kind: Deployment" in result.stdout

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import operator
 import re
 from pathlib import Path
 
@@ -75,11 +77,13 @@ def schema_errors(value, schema: dict, path: str = "") -> list[str]:
 
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, object] = {}
+# Kubernetes' CEL list library functions the rules use, which cel-python lacks.
+_K8S_FUNCTIONS = {"sum": lambda items: functools.reduce(operator.add, items, celpy.celtypes.IntType(0))}
 
 
 def _program(expression: str):
     if expression not in _PROGRAMS:
-        _PROGRAMS[expression] = _ENV.program(_ENV.compile(expression))
+        _PROGRAMS[expression] = _ENV.program(_ENV.compile(expression), functions=_K8S_FUNCTIONS)
     return _PROGRAMS[expression]
 
 

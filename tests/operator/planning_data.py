@@ -33,6 +33,10 @@ def mi300x(name: str, gpus: int = 8, **kw) -> dict:
     return node(name, {"amd.com/gpu.product-name": "AMD_Instinct_MI300X", "amd.com/gpu.device-id": "74a1"}, {"amd.com/gpu": str(gpus)}, **kw)
 
 
+def intel_max(name: str, resource: str = "gpu.intel.com/i915", gpus: int = 4, **kw) -> dict:
+    return node(name, {"gpu.intel.com/product": "Max_1550", "gpu.intel.com/family": "Max_Series"}, {resource: str(gpus)}, **kw)
+
+
 def cpu(name: str, cores: int = 16, **kw) -> dict:
     return node(name, {}, {"cpu": str(cores)}, **kw)
 

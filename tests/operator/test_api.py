@@ -31,6 +31,8 @@ def test_round_trip_through_dict_keeps_every_field():
         ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "replicas": "two"}}, "spec.replicas must be an integer"),
         ({"spec": {"model": {"name": "m", "uri": "ftp://x"}}}, "spec.model.uri"),
         ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "runtime": {"bridge": "yes"}}}, "spec.runtime.bridge must be true or false"),
+        ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "replicas": 2, "pools": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 1}]}},
+         "spec.pools: the sum of pools"),
     ],
 )
 def test_bad_specs_raise_spec_error_naming_the_field(obj, field):
@@ -47,3 +49,11 @@ def test_build_spec_parses():
     b = parse_build({"metadata": {"name": "k"}, "spec": {"engineKey": "k", "modelUri": "hf://a/b", "revision": "main", "envelope": {},
                      "vendor": "nvidia", "architecture": "sm90", "image": "i", "compileImage": "c"}})  # fmt: skip
     assert b.spec.max_attempts == 3 and b.spec.placement.node_names == ()
+    # Builds written before the build settings existed parse with the defaults.
+    assert (b.spec.deadline_seconds, b.spec.resources.memory, b.spec.credentials_secret, b.spec.model_size) == (7200, "16Gi", "", "")
+
+
+def test_new_service_fields_parse_with_defaults():
+    spec = parse_service(service()).spec
+    assert (spec.model.size, spec.model.credentials_secret, spec.placement.tolerate_gpu_taints) == ("", "", True)
+    assert (spec.build.deadline_seconds, spec.build.resources.cpu, spec.build.resources.memory) == (7200, "2", "16Gi")

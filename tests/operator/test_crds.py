@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import yaml
 
+from crd_cases import CASES
 from crd_eval import CRDS, admit, compile_all, load_schema
 from inferfleet_operator import api, crdgen
 
@@ -53,6 +54,9 @@ def _schema_fields(schema: dict) -> set[str]:
         (api.RuntimeSpec, ("inferenceservices.yaml", "spec", "runtime")),
         (api.Placement, ("inferenceservices.yaml", "spec", "placement")),
         (api.Resources, ("inferenceservices.yaml", "spec", "resources")),
+        (api.BuildSpec, ("inferenceservices.yaml", "spec", "build")),
+        (api.BuildResources, ("inferenceservices.yaml", "spec", "build", "resources")),
+        (api.BuildResources, ("enginebuilds.yaml", "spec", "resources")),
         (api.InferenceRuntimeSpec, ("inferenceruntimes.yaml", "spec")),
         (api.EngineBuildSpec, ("enginebuilds.yaml", "spec")),
         (api.EngineEnvelope, ("enginebuilds.yaml", "spec", "envelope")),
@@ -91,7 +95,7 @@ REFUSED = [
     (svc(model__uri="hf://only-org"), "model.uri must be pvc://"),
     (svc(engine__tensorParallelSize=2), "engine.tensorParallelSize must equal resources.gpusPerReplica"),
     (svc(runtime__policy="Paged", runtime__fallback="None"), "runtime.fallback None has no effect with runtime.policy Paged"),
-    (svc(replicas=2, pools=[{"name": "nvidia-h100", "replicas": 3}]), "pools[].replicas must be at most replicas"),
+    (svc(replicas=2, pools=[{"name": "nvidia-h100", "replicas": 3}]), "the sum of pools[].replicas must be at most replicas"),
     (svc(placement__tolerations=[{"key": "gpu", "operator": "Exists", "value": "x"}]), "value must be empty when operator is Exists"),
 ]
 
@@ -100,6 +104,17 @@ REFUSED = [
 def test_invalid_service_is_refused_with_a_message_naming_the_field(obj, message):
     _, errors = admit(obj, "inferenceservices.yaml")
     assert any(message in e for e in errors), errors
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_new_rules_admit_the_valid_and_refuse_the_invalid(case):
+    file_name, obj, field, message = CASES[case]
+    _, errors = admit(obj, file_name)
+    if field is None:
+        assert errors == []
+    else:
+        # Offline, a rule's failure is reported at the node holding it; a schema bound at the field itself.
+        assert any(message in e or e.startswith("." + field) for e in errors), errors
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from crd_cases import CASES
 from crd_eval import CRDS
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x
 from inferfleet_operator.planner import plan_service
@@ -95,6 +96,16 @@ def _service(**spec) -> str:
 def test_api_server_refuses_an_invalid_service_naming_the_field(kubectl, spec, field, message):
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=_service(**spec))
     assert result.returncode != 0 and field in result.stderr and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_api_server_applies_each_new_rule_to_a_valid_and_an_invalid_object(kubectl, case):
+    _, obj, field, message = CASES[case]
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
+    if field is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode != 0 and f"{field}:" in result.stderr and message in result.stderr, result.stderr
 
 
 def test_api_server_fills_defaults_and_keeps_the_planner_status(kubectl):

@@ -114,6 +114,8 @@ def _service(name="llama", replicas=2):
                          "generation": 1, "resourceVersion": "1"},
             "spec": {"model": {"name": "llama", "uri": "hf://org/llama"},
                      "replicas": replicas,
+                     # cpu listed: by default CPU pools serve only when no accelerator pool is eligible.
+                     "placement": {"vendors": ["nvidia", "amd", "cpu"]},
                      "pools": [{"name": "nvidia-h100-80gb-hbm3", "replicas": min(replicas, 1)},
                                {"name": "cpu-amd64", "replicas": max(replicas - 1, 0)}]}}
 
@@ -373,7 +375,8 @@ def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
 
 
 def test_a_node_that_joins_adds_a_pool_once_the_cluster_is_marked_changed():
-    service = _service(replicas=3)
+    service = _service(replicas=4)  # overrides: 1 on the H100, 2 on CPU, 1 on the MI300X once it joins
+    service["spec"]["pools"][1]["replicas"] = 2
     service["spec"]["pools"].append({"name": "amd-mi300x", "replicas": 1})
     world = World([service])
     world.reconcile()

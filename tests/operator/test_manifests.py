@@ -20,10 +20,13 @@ NODES = [h100("h1"), h100("h2"), mi300x("m1"), cpu("c1")]
 
 
 def _scenario() -> dict[str, dict]:
+    # 16 H100 + 8 MI300X GPUs hold 24 replicas; cpu is allowed, so the CPU pool takes the 25th.
     svc = service(
-        replicas=4,
-        placement={"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        replicas=25,
+        model={"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "size": "20Gi", "credentialsSecret": "hf-token"},
+        placement={"vendors": ["nvidia", "amd", "cpu"], "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
         engine={"maxContextLength": 8192, "maxBatchSize": 32},
+        build={"deadlineSeconds": 3600, "resources": {"cpu": "4", "memory": "24Gi"}},
     )
     first = plan_service(svc, NODES, RUNTIMES, {}, {}, NOW)
     key = first.engine_builds[0]["metadata"]["name"]
@@ -95,7 +98,7 @@ def test_model_volume_follows_the_uri_scheme():
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pvc["volumes"]
     assert "initContainers" not in pvc and pvc["containers"][0]["args"][:3] == ["serve", "--model", "/models/tiny/v1"]
     hf = SCENARIO["deployment-llama-amd-mi300x"]["spec"]["template"]["spec"]
-    assert {"name": "model", "emptyDir": {}} in hf["volumes"]
+    assert {"name": "model", "emptyDir": {"sizeLimit": "20Gi"}} in hf["volumes"]
     assert hf["initContainers"][0]["args"] == ["fetch", "--uri", "hf://meta-llama/Llama-3-8B", "--to", "/models/model"]
     local = plan_service(service(model={"name": "x", "uri": "file:///srv/models/x"}), [cpu("c1")], RUNTIMES, {}, {}, NOW)
     dep = next(c for c in local.children if c["kind"] == "Deployment")
@@ -124,3 +127,47 @@ def test_every_container_keeps_its_caches_on_the_writable_tmp_volume():
             env = {e["name"]: e["value"] for e in container["env"]}
             assert env["HOME"] == "/tmp" and env["TRITON_CACHE_DIR"].startswith("/tmp/")
             assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+
+
+def _containers(pod: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in pod["containers"] + pod.get("initContainers", [])}
+
+
+def test_credentials_secret_reaches_only_the_model_download():
+    job = SCENARIO["job-b576f1d816b422cc-1"]["spec"]["template"]["spec"]
+    for pod in (SCENARIO["deployment-llama-amd-mi300x"]["spec"]["template"]["spec"], job):
+        containers = _containers(pod)
+        assert containers["fetch-model"]["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+        assert all("envFrom" not in c for name, c in containers.items() if name != "fetch-model")
+    pvc = SCENARIO["deployment-local-cpu-amd64"]["spec"]["template"]["spec"]
+    assert "envFrom" not in str(pvc)  # nothing is downloaded from a claim
+
+
+def test_model_size_limits_the_volume_and_is_requested_by_the_long_running_container():
+    for name in ("deployment-llama-amd-mi300x", "deployment-llama-cpu-amd64"):
+        pod = SCENARIO[name]["spec"]["template"]["spec"]
+        assert {"name": "model", "emptyDir": {"sizeLimit": "20Gi"}} in pod["volumes"]
+        assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "20Gi"
+    compiled = SCENARIO["deployment-llama-nvidia-h100-80gb-hbm3"]["spec"]["template"]["spec"]
+    assert "ephemeral-storage" not in compiled["containers"][0]["resources"]["requests"]  # serves from the engine cache
+    unsized = plan_service(service(), [mi300x("m1")], RUNTIMES, {}, {}, NOW)
+    pod = next(c for c in unsized.children if c["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "model", "emptyDir": {}} in pod["volumes"] and "ephemeral-storage" not in pod["containers"][0]["resources"]["requests"]
+
+
+def test_compile_job_takes_deadline_and_resources_from_the_service():
+    job = SCENARIO["job-b576f1d816b422cc-1"]
+    assert job["spec"]["activeDeadlineSeconds"] == 3600
+    resources = _containers(job["spec"]["template"]["spec"])["compile"]["resources"]
+    assert resources["requests"] == {"cpu": "4", "memory": "24Gi", "ephemeral-storage": "20Gi"}
+    assert resources["limits"] == {"memory": "24Gi", "nvidia.com/gpu": "1"}
+
+
+def test_gpu_pods_tolerate_their_gpu_resource_taint_unless_opted_out():
+    for name, resource in (("deployment-llama-amd-mi300x", "amd.com/gpu"), ("deployment-llama-nvidia-h100-80gb-hbm3", "nvidia.com/gpu")):
+        assert {"key": resource, "operator": "Exists"} in SCENARIO[name]["spec"]["template"]["spec"]["tolerations"]
+    cpu_tolerations = SCENARIO["deployment-llama-cpu-amd64"]["spec"]["template"]["spec"]["tolerations"]
+    assert cpu_tolerations == [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+    opted_out = plan_service(service(placement={"tolerateGpuTaints": False}), [mi300x("m1")], RUNTIMES, {}, {}, NOW)
+    pod = next(c for c in opted_out.children if c["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert "tolerations" not in pod

@@ -16,6 +16,7 @@ EXPECTED = {
     "nvidia-nfd-device": ("nvidia", "h100-80gb-hbm3", "sm90", 8, "nvidia.com/gpu", True, ""),
     "nvidia-nfd-only": ("nvidia", "unknown", "unknown", 0, "nvidia.com/gpu", False, "NoAllocatableGPUs"),
     "amd-operator": ("amd", "mi300x", "gfx942", 8, "amd.com/gpu", True, ""),
+    "amd-beta-labels": ("amd", "mi300x", "gfx942", 8, "amd.com/gpu", True, ""),
     "amd-device-id-only": ("amd", "mi250x", "gfx90a", 4, "amd.com/gpu", True, ""),
     "amd-nfd-vendor": ("amd", "unknown", "unknown", 2, "amd.com/gpu", True, ""),
     "intel-xe": ("intel", "max-1550", "xe-hpc", 4, "gpu.intel.com/xe", True, ""),
@@ -61,6 +62,25 @@ def test_compute_capability_labels_win_over_the_product_table():
 def test_amd_product_names_map_to_gfx_architectures(product, arch):
     info = classify_node(node("n", {"amd.com/gpu.product-name": product}, {"amd.com/gpu": "8"}))
     assert info.architecture == arch
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"beta.amd.com/gpu.device-id.74a1": "8"},
+        {"beta.amd.com/gpu.device-id": "74a1", "beta.amd.com/gpu.family": "AI"},
+        {"beta.amd.com/gpu.product-name.AMD_Instinct_MI300X_OAM": "8"},
+    ],
+)
+def test_beta_amd_labels_classify_like_amd_labels(labels):
+    info = classify_node(node("n", labels, {"amd.com/gpu": "8"}))
+    assert (info.vendor, info.product, info.architecture) == ("amd", "mi300x", "gfx942")
+    assert info.pool_label is None  # no label of the node carries the product as its value
+
+
+def test_amd_labels_win_over_beta_labels():
+    info = classify_node(node("n", {"amd.com/gpu.device-id": "740c", "beta.amd.com/gpu.device-id.74a1": "8"}, {"amd.com/gpu": "8"}))
+    assert info.product == "mi250x"
 
 
 def test_zero_allocatable_gpus_with_no_labels_is_a_cpu_node():

@@ -42,9 +42,9 @@ def key_of(p) -> str:
 def test_first_plan_builds_an_engine_and_bridges_the_nvidia_pool_with_paged():
     p = plan(service(replicas=4))
     children = kinds(p)
-    assert set(children) == {
-        f"Deployment/{NV}", "Deployment/llama-amd-mi300x", "Deployment/llama-cpu-amd64", "Service/llama", "PodDisruptionBudget/llama",
-    }
+    assert set(children) == {f"Deployment/{NV}", "Deployment/llama-amd-mi300x", "Service/llama", "PodDisruptionBudget/llama"}
+    excluded = {x["name"]: x["reason"] for x in p.status["excludedPools"]}
+    assert excluded["cpu-amd64"].startswith("CPUNotRequested: accelerator pool(s) amd-mi300x, nvidia-h100-80gb-hbm3 serve")
     nv = children[f"Deployment/{NV}"]
     assert args(nv)[:2] == ["serve", "--model"] and nv["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == ""
     entry = pool(p, "nvidia-h100-80gb-hbm3")
@@ -161,29 +161,29 @@ def test_conditions_carry_the_observed_generation():
 def test_a_pool_whose_nodes_left_gets_no_deployment():
     p = plan(nodes=[h100("h1"), cpu("c1")])
     assert "Deployment/llama-amd-mi300x" not in kinds(p)
-    assert [e["name"] for e in p.status["pools"]] == ["cpu-amd64", "nvidia-h100-80gb-hbm3"]
+    assert [e["name"] for e in p.status["pools"]] == ["nvidia-h100-80gb-hbm3"]
 
 
 def test_node_selector_and_untolerated_taints_exclude_pools_with_reasons():
-    taint = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    taint = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
     nodes = [h100("h1", taints=taint), mi300x("m1"), cpu("c1")]
     p = plan(service(placement={"nodeSelector": {"kubernetes.io/arch": "amd64"}}), nodes=nodes)
     reasons = {x["name"]: x["reason"] for x in p.status["excludedPools"]}
-    assert "taint nvidia.com/gpu=present:NoSchedule not in placement.tolerations" in reasons["nvidia-h100-80gb-hbm3"]
-    tolerated = plan(service(replicas=3, placement={"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}), nodes=nodes)
+    assert "taint dedicated=ml:NoSchedule not in placement.tolerations" in reasons["nvidia-h100-80gb-hbm3"]
+    tolerated = plan(service(replicas=3, placement={"tolerations": [{"key": "dedicated", "operator": "Exists"}]}), nodes=nodes)
     assert "nvidia-h100-80gb-hbm3" in [e["name"] for e in tolerated.status["pools"]]
     nv = kinds(tolerated)[f"Deployment/{NV}"]
-    assert nv["spec"]["template"]["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert nv["spec"]["template"]["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists"}]
     selected = plan(service(placement={"nodeSelector": {"zone": "b"}}))
     assert selected.status["pools"] == [] and cond(selected, "Ready")["reason"] == "NoEligiblePools"
     assert "label zone=b (placement.nodeSelector) missing" in cond(selected, "Ready")["message"]
 
 
 def test_per_pool_overrides_are_honoured():
-    p = plan(service(replicas=5, pools=[{"name": "cpu-amd64", "replicas": 0}, {"name": "amd-mi300x", "replicas": 1}]))
-    desired = {e["name"]: e["desiredReplicas"] for e in p.status["pools"]}
+    svc = service(replicas=5, pools=[{"name": "cpu-amd64", "replicas": 0}, {"name": "amd-mi300x", "replicas": 1}], placement={"vendors": ["nvidia", "amd", "cpu"]})
+    desired = {e["name"]: e["desiredReplicas"] for e in plan(svc).status["pools"]}
     assert desired == {"amd-mi300x": 1, "cpu-amd64": 0, "nvidia-h100-80gb-hbm3": 4}
-    assert "Deployment/llama-cpu-amd64" not in kinds(p)
+    assert "Deployment/llama-cpu-amd64" not in kinds(plan(svc))
 
 
 def test_replicas_beyond_capacity_degrade_the_service():
@@ -192,7 +192,8 @@ def test_replicas_beyond_capacity_degrade_the_service():
 
 
 def test_gpu_resource_and_count_are_in_the_container_limits():
-    p = plan(service(replicas=6, resources={"gpusPerReplica": 2}, engine={"tensorParallelSize": 2}))
+    # 16 H100 and 8 MI300X GPUs hold 12 two-GPU replicas; the 13th goes to the CPU pool, which is allowed.
+    p = plan(service(replicas=13, resources={"gpusPerReplica": 2}, engine={"tensorParallelSize": 2}, placement={"vendors": ["nvidia", "amd", "cpu"]}))
     limits = {n: c["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] for n, c in kinds(p).items() if n.startswith("Deployment/")}
     assert limits[f"Deployment/{NV}"]["nvidia.com/gpu"] == "2"
     assert limits["Deployment/llama-amd-mi300x"]["amd.com/gpu"] == "2"
@@ -226,7 +227,7 @@ def test_a_spec_the_crd_would_refuse_raises_spec_error():
 def test_pools_given_no_replicas_are_not_counted_as_serving():
     p = plan(service(replicas=1))
     serving = [e["name"] for e in p.status["pools"] if e["servingEngine"] != "None"]
-    assert len(serving) == 1 and p.status["runtimes"] == "Paged=1" and p.status["poolCount"] == 3
+    assert len(serving) == 1 and p.status["runtimes"] == "Paged=1" and p.status["poolCount"] == 2
     idle = [e for e in p.status["pools"] if e["desiredReplicas"] == 0 and e["engine"] == "Paged"]
     assert idle and all(e["reason"] == "NoReplicasAssigned" for e in idle)
 

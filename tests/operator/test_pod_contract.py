@@ -36,7 +36,8 @@ READY_SECONDS = 120
 def _render() -> dict[str, dict]:
     """-> {"paged": cpu-pool server container, "compiled": h100-pool server container, "compile": Job container,
     "key": engine key}."""
-    svc = service("demo", model={"name": SERVED_NAME, "uri": "pvc://models/demo"}, replicas=2,
+    svc = service("demo", model={"name": SERVED_NAME, "uri": "pvc://models/demo"}, replicas=9,
+                  placement={"vendors": ["nvidia", "cpu"]},  # the H100 takes 8, the CPU pool the ninth
                   engine={"maxContextLength": 64, "maxBatchSize": 1, "dtype": "float32"})
     nodes = [h100("h1"), cpu("c1")]
     first = plan_service(svc, nodes, RUNTIMES, {}, {}, NOW)
