@@ -104,7 +104,16 @@ def pod_findings(pod: Mapping, pool_label: str = "") -> list[Finding]:
 
 
 def pods_findings(pods: Iterable[Mapping], pool_label: str = "") -> list[Finding]:
-    return sorted({f for pod in pods for f in pod_findings(pod, pool_label)})
+    """Every pod's findings, one per (reason, message, pool) naming each pod it applies to: the
+    replicas of one pool usually fail alike."""
+    names: dict[tuple[str, str, str], list[str]] = {}
+    for pod in pods:
+        for found in pod_findings(pod, pool_label):
+            names.setdefault((found.reason, found.message, found.pool), []).append(
+                found.subject.removeprefix("pod "))
+    return sorted(Finding(reason, f"pod{'s' if len(subjects) > 1 else ''} {', '.join(sorted(subjects))}",
+                          message, pool)
+                  for (reason, message, pool), subjects in names.items())
 
 
 def job_findings(job: Mapping) -> list[Finding]:

@@ -157,3 +157,11 @@ def test_degraded_status_keeps_a_build_failure_after_the_findings():
     out = degraded_status(base, [refused], {}, NOW, 1)
     assert out["conditions"][1]["reason"] == "ApplyFailed"
     assert out["conditions"][1]["message"].endswith("engine build failed for pool(s) nvidia-h100")
+
+
+def test_replicas_failing_alike_are_one_finding_naming_each_pod():
+    from inferfleet_operator.findings import pods_findings
+
+    found = pods_findings([pod("a", scheduled=SCHEDULER_XE), pod("b", scheduled=SCHEDULER_XE),
+                           pod("c", init=fetch_status({"terminated": {"exitCode": 2}}))], POOL_LABEL)
+    assert [(f.reason, f.subject) for f in found] == [("FetchFailed", "pod c"), ("InsufficientResource", "pods a, b")]
