@@ -151,6 +151,18 @@ def missing_claims(manifests: Iterable[Mapping], claims: set[str] | frozenset[st
     return sorted(found)
 
 
+def missing_cache_claim(pools: Iterable[Mapping], claims: set[str] | frozenset[str], claim: str,
+                        namespace: str) -> list[Finding]:
+    """Pools (status entries) whose engine is still to be built while the engine cache claim the
+    compile Job writes into does not exist in the namespace."""
+    if claim in claims:
+        return []
+    return [Finding(c.REASON_CLAIM_NOT_FOUND, f"EngineBuild {entry['engineBuild']}",
+                    f"compiles into claim {claim}, which does not exist in namespace {namespace}",
+                    entry.get("name", ""))
+            for entry in pools if entry.get("engineBuild") and entry.get("buildState") != "Ready"]
+
+
 def apply_finding(kind: str, name: str, message: str, pool: str = "") -> Finding:
     """A write the API server refused (e.g. 422 Invalid): its own message says what to fix."""
     return Finding(c.REASON_APPLY_FAILED, f"{kind} {name}", f"refused by the API server: {_cut(message, 600)}",

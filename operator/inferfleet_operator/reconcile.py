@@ -262,6 +262,8 @@ def _with_findings(ctx: Context, service: dict, plan: planner.ServicePlan,
     if claims is not None:
         deployments = [d for d in plan.children if d["kind"] == "Deployment"]
         found += findings.missing_claims(deployments, claims, POOL_LABEL)
+        found += findings.missing_cache_claim(plan.status.get("pools") or [], claims,
+                                              ctx.plan_settings.engine_cache_claim, namespace)
     if SERVICE_PODS in ctx.indices:
         found += findings.pods_findings(ctx.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
     if not found:

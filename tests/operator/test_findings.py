@@ -165,3 +165,13 @@ def test_replicas_failing_alike_are_one_finding_naming_each_pod():
     found = pods_findings([pod("a", scheduled=SCHEDULER_XE), pod("b", scheduled=SCHEDULER_XE),
                            pod("c", init=fetch_status({"terminated": {"exitCode": 2}}))], POOL_LABEL)
     assert [(f.reason, f.subject) for f in found] == [("FetchFailed", "pod c"), ("InsufficientResource", "pods a, b")]
+
+
+def test_a_build_still_to_run_without_the_engine_cache_claim_is_claim_not_found():
+    from inferfleet_operator.findings import missing_cache_claim
+
+    pools = [{"name": "nvidia-h100", "engineBuild": "k1", "buildState": "Pending"},
+             {"name": "nvidia-a100", "engineBuild": "k2", "buildState": "Ready"}, {"name": "amd-mi300x"}]
+    [found] = missing_cache_claim(pools, {"models"}, "inferfleet-engine-cache", "team-a")
+    assert (found.reason, found.subject, found.pool) == ("ClaimNotFound", "EngineBuild k1", "nvidia-h100")
+    assert missing_cache_claim(pools, {"inferfleet-engine-cache"}, "inferfleet-engine-cache", "team-a") == []

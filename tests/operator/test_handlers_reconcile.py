@@ -542,3 +542,12 @@ def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
     world.indices[reconcile.SERVICE_PODS] = {}
     world.reconcile()
     assert _degraded(world)["status"] == "False"
+
+
+def test_a_service_whose_build_lacks_the_engine_cache_claim_says_so_while_bridging():
+    world = World([_service()])
+    world.indices[reconcile.CLAIMS] = {}
+    world.reconcile()
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "ClaimNotFound")
+    assert degraded["message"].startswith("EngineBuild ")
