@@ -163,6 +163,22 @@ def missing_cache_claim(pools: Iterable[Mapping], claims: set[str] | frozenset[s
             for entry in pools if entry.get("engineBuild") and entry.get("buildState") != "Ready"]
 
 
+def build_findings(pools: Iterable[Mapping], builds: Mapping[str, Mapping]) -> list[Finding]:
+    """What the EngineBuilds of a service's pools report (their Built condition's reason is a finding's,
+    e.g. a compile pod unschedulable or past its deadline), for the service's status. A missing engine
+    cache claim is left to missing_cache_claim, which sees it before the build does."""
+    found = []
+    for entry in pools:
+        build = builds.get(entry.get("engineBuild") or "")
+        if build is None:
+            continue
+        built = c.by_type((build.get("status") or {}).get("conditions")).get(c.BUILT) or {}
+        if built.get("reason") in ORDER and built["reason"] != c.REASON_CLAIM_NOT_FOUND:
+            found.append(Finding(built["reason"], f"EngineBuild {entry['engineBuild']}",
+                                 built.get("message", ""), entry.get("name", "")))
+    return found
+
+
 def apply_finding(kind: str, name: str, message: str, pool: str = "") -> Finding:
     """A write the API server refused (e.g. 422 Invalid): its own message says what to fix."""
     return Finding(c.REASON_APPLY_FAILED, f"{kind} {name}", f"refused by the API server: {_cut(message, 600)}",

@@ -208,7 +208,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     # applies return, and it is what records this service's references to its builds (a build
     # reconcile that runs meanwhile must not see them unreferenced). Refused writes of earlier
     # reconciles are in it, so a retry that is refused alike writes no status.
-    status, events = _with_findings(ctx, service, plan, refused)
+    status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
     if not _same(status, service.get("status") or {}):
         ctx.remember(await ctx.kube.apply_status(service, status))
         num_changes += 1
@@ -238,7 +238,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         else:
             ctx.refused.pop(owner, None)
         written = ctx.fresher("InferenceService", indexed, namespace, name) or service
-        status, events = _with_findings(ctx, service, plan, refused)
+        status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
         if not _same(status, written.get("status") or {}):
             ctx.remember(await ctx.kube.apply_status(service, status))
             num_changes += 1
@@ -252,12 +252,15 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
 
 
 def _with_findings(ctx: Context, service: dict, plan: planner.ServicePlan,
-                   refused: Mapping[tuple[str, str, str], str]) -> tuple[dict, list]:
+                   refused: Mapping[tuple[str, str, str], str],
+                   builds_by_key: Mapping[str, dict]) -> tuple[dict, list]:
     """The plan's status and Events with the failures a user must act on: refused writes, missing
-    claims, and what the service's pods report (unschedulable, model fetch failing)."""
+    claims, what the service's pods report (unschedulable, model fetch failing) and what its
+    builds report (compile pods that cannot run, a deadline exceeded)."""
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
     found = [findings.apply_finding(kind, child, message, pool)
              for (kind, child, pool), message in sorted(refused.items())]
+    found += findings.build_findings(plan.status.get("pools") or [], builds_by_key)
     claims = ctx.claims(namespace)
     if claims is not None:
         deployments = [d for d in plan.children if d["kind"] == "Deployment"]

@@ -175,3 +175,16 @@ def test_a_build_still_to_run_without_the_engine_cache_claim_is_claim_not_found(
     [found] = missing_cache_claim(pools, {"models"}, "inferfleet-engine-cache", "team-a")
     assert (found.reason, found.subject, found.pool) == ("ClaimNotFound", "EngineBuild k1", "nvidia-h100")
     assert missing_cache_claim(pools, {"inferfleet-engine-cache"}, "inferfleet-engine-cache", "team-a") == []
+
+
+def test_what_a_pools_build_reports_reaches_the_service():
+    from inferfleet_operator.findings import build_findings
+
+    def build(reason):
+        return {"status": {"conditions": [{"type": "Built", "status": "False", "reason": reason,
+                                           "message": f"attempt 1: {reason}"}]}}
+    pools = [{"name": "nvidia-h100", "engineBuild": "k1"}, {"name": "nvidia-l4", "engineBuild": "k2"},
+             {"name": "nvidia-a100", "engineBuild": "k3"}, {"name": "cpu-amd64"}]
+    builds = {"k1": build("DeadlineExceeded"), "k2": build("JobRunning"), "k3": build("ClaimNotFound")}
+    [found] = build_findings(pools, builds)
+    assert (found.reason, found.subject, found.pool) == ("DeadlineExceeded", "EngineBuild k1", "nvidia-h100")
