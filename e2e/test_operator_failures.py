@@ -38,6 +38,9 @@ def test_pods_unschedulable_for_a_named_resource_degrade_the_service(cluster, ns
     pools = cluster.get("inferenceservice", "huge", ns)["status"]["pools"]
     assert any("Insufficient memory" in p.get("message", "") for p in pools)
     assert "Insufficient memory" in _warning(cluster, ns, "huge", "InsufficientResource")["message"]
+    wait_for(lambda: operator.metric("inferfleet_operator_degraded_services",
+                                     reason="InsufficientResource") >= 1,
+             timeout=10, message="the degraded-services metric")
 
 
 def test_a_crash_looping_model_fetch_is_reported_with_exit_code_and_last_line(cluster, ns, operator):

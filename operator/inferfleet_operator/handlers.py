@@ -109,6 +109,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                           on_error=lambda key, error: _failed(metrics, key, error))
         metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending")
                                       for b in ctx.all_values(reconcile.BUILDS)))
+        metrics.watch_degraded(lambda: ctx.all_values(reconcile.SERVICES))
         memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
         memo.pod_findings = {}
         queue.start()
