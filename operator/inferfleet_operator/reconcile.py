@@ -176,7 +176,9 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         return None
 
     owner = ("InferenceService", namespace, name)
-    refused = dict(ctx.refused.get(owner, {}))
+    planned = {(d["kind"], d["metadata"]["name"]) for d in plan.engine_builds + plan.children}
+    # A refusal of an object the plan no longer has (the user changed the spec) is over.
+    refused = {k: v for k, v in ctx.refused.get(owner, {}).items() if k[:2] in planned}
     failures: list[ApiError] = []
 
     async def apply_child(desired: dict, live: dict | None, pool: str = "") -> int:

@@ -551,3 +551,18 @@ def test_a_service_whose_build_lacks_the_engine_cache_claim_says_so_while_bridgi
     degraded = _degraded(world)
     assert (degraded["status"], degraded["reason"]) == ("True", "ClaimNotFound")
     assert degraded["message"].startswith("EngineBuild ")
+
+
+def test_a_refusal_of_a_child_no_longer_planned_is_forgotten():
+    world = World([_service()])
+    _refuse(world, "Deployment", "spec.template.spec.tolerations[0]: Invalid value")
+    try:
+        world.reconcile()
+    except Exception:
+        pass
+    assert _degraded(world)["reason"] == "ApplyFailed"
+    service = world.get("InferenceService", "llama")
+    service["spec"]["replicas"], service["spec"]["pools"] = 0, []  # no Deployment planned any more
+    world.sync()
+    world.reconcile()
+    assert _degraded(world)["status"] == "False"
