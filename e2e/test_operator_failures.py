@@ -44,8 +44,8 @@ def test_pods_unschedulable_for_a_named_resource_degrade_the_service(cluster, ns
 
 
 def test_a_crash_looping_model_fetch_is_reported_with_exit_code_and_last_line(cluster, ns, operator):
-    cluster.apply(service_manifest("fetchfail", uri="hf://inferfleet-e2e-fail/tiny", placement=ON_AMD),
-                  namespace=ns)
+    cluster.apply(service_manifest("fetchfail", uri="hf://inferfleet-e2e-fetch-fail/tiny",
+                                   placement=ON_AMD), namespace=ns)
     degraded = _degraded_with(cluster, ns, "fetchfail", "FetchFailed")
     assert "fetch-model exited 2" in degraded["message"]
     assert degraded["message"].endswith("simulated failure (inferfleet e2e failure switch)")
