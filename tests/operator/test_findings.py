@@ -65,7 +65,8 @@ def test_a_crash_looping_fetch_reports_exit_code_and_last_message_line():
                            "message": "Traceback ...\ninferfleet-runtime fetch: error: unsupported URI s3://b/k\n"}}
     [found] = pod_findings(pod(init=fetch_status({"waiting": {"reason": "CrashLoopBackOff"}}, last)))
     assert found.reason == "FetchFailed"
-    assert found.message == "model fetch fetch-model exited 2 (Error): inferfleet-runtime fetch: error: unsupported URI s3://b/k"
+    assert found.message == ("model fetch fetch-model exited 2 (Error): "
+                             "inferfleet-runtime fetch: error: unsupported URI s3://b/k")
 
 
 def test_a_fetch_that_failed_in_a_job_pod_is_reported_from_its_current_state():
@@ -116,7 +117,8 @@ def test_missing_claims_names_the_object_and_the_claim():
 
 def test_summary_leads_with_the_most_pressing_reason_and_names_every_finding():
     fetch = pod_findings(pod(init=fetch_status({"terminated": {"exitCode": 2}})))
-    refused = apply_finding("Deployment", "llama-x", "422 Unprocessable Entity: spec.template.spec.containers[0].image: Required value")
+    refused = apply_finding("Deployment", "llama-x",
+                            "422 Unprocessable Entity: spec.template.spec.containers[0].image: Required value")
     reason, message = summary(fetch + [refused])
     assert reason == "ApplyFailed"
     assert message.index("Deployment llama-x") < message.index("pod llama-intel-1")
