@@ -98,3 +98,42 @@ def test_a_refused_deployment_is_reported_with_the_api_servers_message(cluster, 
     assert cluster.get("deployment", "refused-amd-mi300x", ns) is not None
     warnings = [e for e in events(cluster, ns, "refused") if e["reason"] == "ApplyFailed"]
     assert len(warnings) == 1 and warnings[0].get("count", 1) == 1, "retries post no second Event"
+
+
+def _gpu_blocker(node: str) -> dict:
+    """A pod bound to `node` holding all 8 of its GPUs (kwok runs it), so nothing else fits there."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"blocker-{node}"},
+            "spec": {"nodeName": node, "containers": [{
+                "name": "hold", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+
+
+def test_a_compile_job_that_cannot_schedule_then_runs_past_its_deadline(cluster, ns, operator):
+    cluster.apply([_gpu_blocker("nvidia-h100-0"), _gpu_blocker("nvidia-h100-1")], namespace=ns)
+    cluster.apply(service_manifest("late", placement=ON_H100, pools={H100: 1}), namespace=ns)
+
+    def build_with(reason):
+        def check():
+            items = cluster.items("enginebuilds", ns)
+            built = condition(items[0], "Built") if items else None
+            return items[0] if built and built["reason"] == reason else None
+        return check
+    build = wait_for(build_with("InsufficientResource"), timeout=60,
+                     message="the EngineBuild saying its pod cannot schedule")
+    assert "Insufficient nvidia.com/gpu" in build["status"]["progress"]
+    name = build["metadata"]["name"]
+    _warning(cluster, ns, name, "InsufficientResource")
+    assert "Insufficient nvidia.com/gpu" in _degraded_with(cluster, ns, "late",
+                                                           "InsufficientResource")["message"]
+
+    # The Job's deadline (mutable on a Job) cut short: the Job controller fails it DeadlineExceeded.
+    (job,) = cluster.items("jobs", ns)
+    cluster.kubectl("patch", "job", job["metadata"]["name"], "-n", ns, "--type", "merge",
+                    "-p", '{"spec": {"activeDeadlineSeconds": 1}}')
+    build = wait_for(build_with("DeadlineExceeded"), timeout=60,
+                     message="the EngineBuild failed by its deadline")
+    assert build["status"]["state"] == "Failed"
+    assert "deadline" in build["status"]["failureReason"]
+    _warning(cluster, ns, name, "DeadlineExceeded")
+    assert "deadline" in _degraded_with(cluster, ns, "late", "DeadlineExceeded")["message"]
+    assert len(cluster.items("jobs", ns)) == 1, "a deadline is not retried"

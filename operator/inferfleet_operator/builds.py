@@ -57,7 +57,8 @@ def _outcome(job: dict) -> str:
     status = job.get("status") or {}
     if _job_condition(job, "Complete") or int(status.get("succeeded") or 0) > 0:
         return "succeeded"
-    if _job_condition(job, "Failed") or int(status.get("failed") or 0) > 0:
+    # FailureTarget: the Job controller decided the Job failed and is terminating its pods.
+    if _job_condition(job, "Failed") or _job_condition(job, "FailureTarget") or int(status.get("failed") or 0) > 0:
         return "failed"
     return "running"
 

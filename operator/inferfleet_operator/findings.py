@@ -117,9 +117,10 @@ def pods_findings(pods: Iterable[Mapping], pool_label: str = "") -> list[Finding
 
 
 def job_findings(job: Mapping) -> list[Finding]:
-    """A Job stopped by its activeDeadlineSeconds (condition Failed, reason DeadlineExceeded)."""
+    """A Job stopped by its activeDeadlineSeconds: condition Failed, or FailureTarget (set first, while
+    the Job's pods are still being terminated), with reason DeadlineExceeded."""
     for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Failed" and cond.get("status") == "True" \
+        if cond.get("type") in ("Failed", "FailureTarget") and cond.get("status") == "True" \
                 and cond.get("reason") == "DeadlineExceeded":
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
             limit = f" of {deadline} s" if deadline else ""

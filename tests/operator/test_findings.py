@@ -99,6 +99,8 @@ def test_a_job_past_its_deadline_is_deadline_exceeded():
                                       "message": "Job was active longer than specified deadline"}]}}
     [found] = job_findings(job)
     assert found.reason == "DeadlineExceeded" and "7200 s" in found.message
+    job["status"]["conditions"][0]["type"] = "FailureTarget"  # before the pods are gone
+    assert [f.reason for f in job_findings(job)] == ["DeadlineExceeded"]
     job["status"]["conditions"][0]["reason"] = "BackoffLimitExceeded"
     assert job_findings(job) == []
 
