@@ -110,6 +110,14 @@ def _gpu_blocker(node: str) -> dict:
 
 def test_a_compile_job_that_cannot_schedule_then_runs_past_its_deadline(cluster, ns, operator):
     cluster.apply([_gpu_blocker("nvidia-h100-0"), _gpu_blocker("nvidia-h100-1")], namespace=ns)
+    try:
+        _cannot_schedule_then_past_deadline(cluster, ns)
+    finally:  # the H100 GPUs are free again for the tests after this one
+        cluster.kubectl("delete", "pod", "blocker-nvidia-h100-0", "blocker-nvidia-h100-1", "-n", ns,
+                        "--ignore-not-found", "--wait=true")
+
+
+def _cannot_schedule_then_past_deadline(cluster, ns: str) -> None:
     cluster.apply(service_manifest("late", placement=ON_H100, pools={H100: 1}), namespace=ns)
 
     def build_with(reason):
