@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from . import conditions as c
+from . import findings as f
 from . import manifests as m
 from .api import API_VERSION, DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
 from .conditions import PlannedEvent, format_time, parse_time
@@ -56,7 +57,8 @@ def _outcome(job: dict) -> str:
     status = job.get("status") or {}
     if _job_condition(job, "Complete") or int(status.get("succeeded") or 0) > 0:
         return "succeeded"
-    if _job_condition(job, "Failed") or int(status.get("failed") or 0) > 0:
+    # FailureTarget: the Job controller decided the Job failed and is terminating its pods.
+    if _job_condition(job, "Failed") or _job_condition(job, "FailureTarget") or int(status.get("failed") or 0) > 0:
         return "failed"
     return "running"
 
@@ -132,6 +134,8 @@ def plan_build(
     now: datetime,
     settings: PlanSettings = DEFAULT_SETTINGS,
     pods: list[dict] = (),
+    claims: frozenset[str] | None = None,
+    apply_error: str | None = None,
 ) -> BuildPlan:
     """Plan one EngineBuild.
 
@@ -140,6 +144,12 @@ def plan_build(
     them when given). At most spec.maxAttempts Jobs are ever created; attempt n+1 starts no earlier than
     backoffSeconds * 2**(n-1) (capped at settings.max_backoff_seconds) after attempt n failed. Attempts are
     counted from the Jobs that exist (level-triggered: a Job deleted by hand is simply re-run).
+    claims: when given, the PersistentVolumeClaims of the build's namespace: a Job that mounts a missing
+    one is not created (ClaimNotFound) until the claim exists, so its deadline does not run meanwhile.
+    apply_error: the API server's message for the last refused create of the Job to create (ApplyFailed).
+    A running attempt whose pods cannot schedule or whose model fetch fails says so in progress and the
+    Built condition's reason; an attempt stopped by its deadline (DeadlineExceeded) fails the build at
+    once (another attempt of the same envelope would run into the same deadline).
     """
     meta = build.get("metadata") or {}
     name, namespace, uid = meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", "")
@@ -162,6 +172,20 @@ def plan_build(
         job["metadata"]["ownerReferences"] = [owner]
         return job
 
+    def create(attempt: int, message: str) -> BuildPlan:
+        job = new_job(attempt)
+        missing = f.missing_claims([job], claims) if claims is not None else []
+        if missing:  # the Job would only wait (and burn its deadline): create it once the claim exists
+            status.update(state="Pending", progress="waiting for a claim", message=missing[0].text)
+            return _finish(status, previous, prev_conditions, now, generation, None, None, missing[0].reason)
+        status.update(attempts=attempt, state="Pending", currentJob=job["metadata"]["name"], progress="job created",
+                      message=message)  # fmt: skip
+        if apply_error:
+            found = f.apply_finding("Job", job["metadata"]["name"], apply_error)
+            status.update(progress="job refused", message=found.text)
+            return _finish(status, previous, prev_conditions, now, generation, job, None, found.reason)
+        return _finish(status, previous, prev_conditions, now, generation, job, None)
+
     succeeded = next((j for j in jobs if _outcome(j) == "succeeded"), None)
     if succeeded is not None:
         job_pods = _pods_of(succeeded, list(pods))
@@ -180,17 +204,24 @@ def plan_build(
         return _finish(status, previous, prev_conditions, now, generation, None, None)
 
     if not jobs:
-        job = new_job(1)
-        status.update(attempts=1, state="Pending", currentJob=job["metadata"]["name"], progress="job created", message="attempt 1 starting")
-        return _finish(status, previous, prev_conditions, now, generation, job, None)
+        return create(1, "attempt 1 starting")
 
     latest = jobs[-1]
     job_pods = _pods_of(latest, list(pods))
     status["currentJob"] = latest["metadata"]["name"]
     if _outcome(latest) == "running":
         status.update(state="Building", progress=_progress(latest, job_pods), message=f"attempt {attempts} of {spec.max_attempts} running")
+        found = f.summary(f.pods_findings(job_pods))
+        if found is not None:  # e.g. unschedulable, claim missing, fetch failing: not just "waiting for a pod"
+            status.update(progress=found[1], message=f"attempt {attempts} of {spec.max_attempts}: {found[1]}")
+            return _finish(status, previous, prev_conditions, now, generation, None, None, found[0])
         return _finish(status, previous, prev_conditions, now, generation, None, None)
 
+    deadline = f.job_findings(latest)
+    if deadline:
+        status.update(failureReason=deadline[0].text, state="Failed", progress="failed",
+                      message=f"attempt {attempts} failed: {deadline[0].text}")
+        return _finish(status, previous, prev_conditions, now, generation, None, None, deadline[0].reason)
     reason = _failure_reason(latest, job_pods)
     status["failureReason"] = reason
     if attempts >= spec.max_attempts:
@@ -202,10 +233,7 @@ def plan_build(
         status.update(state="Pending", progress="backoff", nextAttemptTime=format_time(next_at),
                       message=f"attempt {attempts} failed; attempt {attempts + 1} at {format_time(next_at)}")  # fmt: skip
         return _finish(status, previous, prev_conditions, now, generation, None, (next_at - now).total_seconds())
-    job = new_job(attempts + 1)
-    status.update(attempts=attempts + 1, state="Pending", currentJob=job["metadata"]["name"], progress="job created",
-                  message=f"attempt {attempts} failed; attempt {attempts + 1} starting")  # fmt: skip
-    return _finish(status, previous, prev_conditions, now, generation, job, None)
+    return create(attempts + 1, f"attempt {attempts} failed; attempt {attempts + 1} starting")
 
 
 _BUILT = {
@@ -216,17 +244,23 @@ _BUILT = {
 }
 
 
-def _finish(status, previous, prev_conditions, now, generation, job, requeue_after) -> BuildPlan:
+def _finish(status, previous, prev_conditions, now, generation, job, requeue_after, finding: str = "") -> BuildPlan:
+    """finding: the reason of a failure a user must act on (findings.py): the Built condition's reason,
+    and a Warning Event whenever its message changes."""
     state = status["state"]
     cond_status, reason = _BUILT[state]
     if state == "Pending" and status.get("nextAttemptTime"):
         reason = c.REASON_BACKOFF
+    reason = finding or reason
     status["conditions"] = [c.condition(prev_conditions, c.BUILT, cond_status, reason, status.get("message", ""), now, generation)]
     status["observedGeneration"] = generation
     events = []
-    if job is not None:
+    old_built = prev_conditions.get(c.BUILT) or {}
+    if finding and (old_built.get("reason"), old_built.get("message")) != (finding, status.get("message", "")):
+        events.append(c.warning(finding, status.get("message", "")))
+    if job is not None and finding != c.REASON_APPLY_FAILED:
         events.append(c.normal(c.REASON_JOB_CREATED, f"Created Job {job['metadata']['name']} for attempt {status['attempts']}"))
-    if state != previous.get("state") or status.get("failureReason") != previous.get("failureReason"):
+    if not finding and (state != previous.get("state") or status.get("failureReason") != previous.get("failureReason")):
         if state == "Ready":
             events.append(c.normal(c.REASON_JOB_SUCCEEDED, f"Engine built by Job {status.get('currentJob')}"))
         elif state == "Failed":

@@ -32,6 +32,13 @@ REASON_ROLLING_OUT = "RollingOut"
 REASON_ROLLED_OUT = "RolledOut"
 REASON_AS_PLANNED = "AsPlanned"
 REASON_INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+# Failures a user must act on (findings.py): Degraded's reason and a Warning Event each.
+REASON_APPLY_FAILED = "ApplyFailed"  # the API server refused a write (e.g. 422 Invalid)
+REASON_CLAIM_NOT_FOUND = "ClaimNotFound"  # a mounted PersistentVolumeClaim does not exist
+REASON_INSUFFICIENT_RESOURCE = "InsufficientResource"  # pods unschedulable: Insufficient <resource>
+REASON_UNSCHEDULABLE = "Unschedulable"  # pods unschedulable for another reason
+REASON_FETCH_FAILED = "FetchFailed"  # the model fetch init container exited non-zero
+REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # a compile Job ran past activeDeadlineSeconds
 # Per-pool reasons.
 REASON_SERVING_COMPILED = "ServingCompiled"
 REASON_SERVING_PAGED = "ServingPaged"

@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from . import builds, reconcile
+from . import builds, findings, reconcile
 from .kube import Credentials, Kube, strip_object
 from .metrics import Metrics
 from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, Context
@@ -65,8 +65,9 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
             else random.SystemRandom().randint(1, 1_000_000)
     for group_version, plural in CHILD_RESOURCES.values():
         settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
-    for group_version, plural in (("batch/v1", "jobs"), ("v1", "pods")):
-        settings.watching.label_selectors[group_version, plural] = builds.BUILD_LABEL
+    settings.watching.label_selectors["batch/v1", "jobs"] = builds.BUILD_LABEL
+    # One pod watch for compile and serving pods: both carry the managed-by label.
+    settings.watching.label_selectors["v1", "pods"] = MANAGED_SELECTOR
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.reconnect_backoff = 1.0
@@ -108,7 +109,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                           on_error=lambda key, error: _failed(metrics, key, error))
         metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending")
                                       for b in ctx.all_values(reconcile.BUILDS)))
+        metrics.watch_degraded(lambda: ctx.all_values(reconcile.SERVICES))
         memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
+        memo.pod_findings = {}
         queue.start()
         logger.info("Started operator %s for %s", config.instance,
                     "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces))
@@ -168,6 +171,16 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         return {(namespace, labels[builds.BUILD_LABEL]):
                 {k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")}}
 
+    service_labelled = {SERVICE_LABEL: kopf.PRESENT}
+
+    @kopf.index("v1", "pods", id=reconcile.SERVICE_PODS, labels=service_labelled, **on)
+    async def service_pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+        return {(namespace, labels[SERVICE_LABEL]): findings.pod_view(body)}
+
+    @kopf.index("v1", "persistentvolumeclaims", id=reconcile.CLAIMS, **on)
+    async def claim_index(namespace: str, name: str, **_: Any):
+        return {namespace: name}
+
     # ------------------------------------------------------------------ triggers
 
     @kopf.on.event(GROUP_VERSION, "inferenceservices", **on)
@@ -176,6 +189,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         memo.ctx.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
         if type == "DELETED":
             memo.queue.forget((SERVICE_KIND, namespace, name))
+            memo.ctx.forget(SERVICE_KIND, namespace, name)
             for pool in body.get("status", {}).get("pools", []) or []:
                 for ref in (pool.get("engineBuild"), pool.get("servingEngineBuild")):
                     if ref:  # its builds may now be unreferenced: start their GC clock
@@ -189,6 +203,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         memo.ctx.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
         if type == "DELETED":
             memo.queue.forget((BUILD_KIND, namespace, name))
+            memo.ctx.forget(BUILD_KIND, namespace, name)
         else:
             memo.queue.enqueue((BUILD_KIND, namespace, name))
         for service in service_refs_index.get((namespace, name), ()):
@@ -215,6 +230,30 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     @kopf.on.event("v1", "pods", labels=build_labelled, **on)
     async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
+
+    @kopf.on.event("v1", "pods", id="service_pod_event", labels=service_labelled, **on)
+    async def service_pod_event(type: str, namespace: str, name: str, labels: kopf.Labels,
+                                body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        # Pods change often (scheduling, probes); only a change of what they report re-plans.
+        found = () if type == "DELETED" else tuple(findings.pod_findings(body))
+        if memo.pod_findings.get((namespace, name), ()) == found:
+            return
+        if found:
+            memo.pod_findings[(namespace, name)] = found
+        else:
+            memo.pod_findings.pop((namespace, name), None)
+        memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
+
+    @kopf.on.event("v1", "persistentvolumeclaims", **on)
+    async def claim_event(type: str | None, namespace: str, memo: kopf.Memo,
+                          service_index: kopf.Index, build_index: kopf.Index, **_: Any) -> None:
+        if type not in ("ADDED", "DELETED"):
+            return  # a claim's binding or resize changes nothing the operator reports
+        for ns, name in list(service_index.keys()):
+            if ns == namespace:
+                memo.queue.enqueue((SERVICE_KIND, namespace, name))
+        for build in build_index.get(namespace, ()):
+            memo.queue.enqueue((BUILD_KIND, namespace, build["metadata"]["name"]))
 
     @kopf.on.event("v1", "nodes", **on)
     async def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo,

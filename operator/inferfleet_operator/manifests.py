@@ -127,6 +127,8 @@ def _fetch_container(image: str, args: list[str], settings: PlanSettings, creden
         "env": _env(),
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "securityContext": _container_security(),
+        # fetch writes its error line as the termination message; a crash leaves the log's tail instead.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "model", "mountPath": settings.model_mount}, {"name": "tmp", "mountPath": "/tmp"}],
     }
     if credentials_secret:

@@ -28,6 +28,21 @@ class _BuildStates:
         yield family
 
 
+class _DegradedServices:
+    """Collector that counts InferenceServices whose Degraded condition is True, by its reason (the
+    failure a user must act on: ApplyFailed, ClaimNotFound, BuildFailed, ...), at scrape time."""
+
+    def __init__(self, reasons: Callable[[], Iterable[str]]):
+        self._reasons = reasons
+
+    def collect(self):
+        family = GaugeMetricFamily("inferfleet_operator_degraded_services",
+                                   "InferenceServices with Degraded=True, by reason", labels=["reason"])
+        for reason, count in sorted(collections.Counter(self._reasons()).items()):
+            family.add_metric([reason], count)
+        yield family
+
+
 class Metrics:
     """The operator's metrics in their own registry (no process-global state)."""
 
@@ -56,3 +71,12 @@ class Metrics:
 
     def watch_builds(self, states: Callable[[], Iterable[str]]) -> None:
         self.registry.register(_BuildStates(states))
+
+    def watch_degraded(self, services: Callable[[], Iterable[dict]]) -> None:
+        """Counts, at scrape time, the given InferenceServices (as read) that are Degraded, by reason."""
+        def reasons():
+            for service in services():
+                for cond in (service.get("status") or {}).get("conditions") or []:
+                    if cond.get("type") == "Degraded" and cond.get("status") == "True":
+                        yield cond.get("reason") or "Unknown"
+        self.registry.register(_DegradedServices(reasons))

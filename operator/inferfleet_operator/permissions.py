@@ -22,9 +22,11 @@ PERMISSIONS: list[dict] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": _APPLIED},
     {"apiGroups": [""], "resources": ["services"], "verbs": _APPLIED},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _APPLIED},
-    # Compile Jobs of EngineBuilds, and their pods' termination messages (build failure reasons).
+    # Compile Jobs of EngineBuilds; the operator's pods (compile and serving: termination messages,
+    # scheduling failures, failed model fetches) and the claims pods mount (a missing one is reported).
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _APPLIED},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # kopf itself: it watches CRDs to notice resources appear and namespaces when run cluster-wide,
     # and peers through kopf.dev objects for leader election when --peering is given.

@@ -9,8 +9,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from . import api, builds, planner
+from . import api, builds, findings, planner
+from . import conditions as c
 from .conditions import warning
+from .manifests import POOL_LABEL
+from .service_status import pool_events
 from .kube import ApiError, Kube, is_subset, needs_apply, strip_object, with_applied_hash
 from .metrics import Metrics
 from .settings import OperatorConfig
@@ -31,6 +34,8 @@ SERVICE_OBJECTS = "k8s_service_index"  # (namespace, service) -> core Service
 PDBS = "pdb_index"  # (namespace, service) -> PodDisruptionBudget
 JOBS = "job_index"  # (namespace, engine build) -> Job
 PODS = "pod_index"  # (namespace, engine build) -> Pod of a compile Job
+SERVICE_PODS = "service_pod_index"  # (namespace, service) -> serving Pod (findings.pod_view)
+CLAIMS = "claim_index"  # namespace -> PersistentVolumeClaim name
 
 CHILD_INDEXES = {"Deployment": DEPLOYMENTS, "Service": SERVICE_OBJECTS,
                  "PodDisruptionBudget": PDBS}
@@ -70,6 +75,10 @@ class Context:
     written: dict[tuple[str, str, str], dict] = dataclasses.field(default_factory=dict)
     # Events already posted, so a replayed plan never posts the same Event twice.
     posted: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+    # Writes the API server refused with a non-retryable error, per owner (kind, namespace, name):
+    # {(kind, name, pool): the server's message}. Reported in the owner's status until a write succeeds.
+    refused: dict[tuple[str, str, str], dict[tuple[str, str, str], str]] = \
+        dataclasses.field(default_factory=dict)
     # Nodes and runtimes classified once per change, shared by every service's plan.
     cluster_version: int = 0
     _view: tuple[int, planner.ClusterView] | None = None
@@ -86,6 +95,15 @@ class Context:
     @property
     def plan_settings(self) -> api.PlanSettings:
         return self.config.plan_settings()
+
+    def claims(self, namespace: str) -> frozenset[str] | None:
+        """Names of the namespace's PersistentVolumeClaims (None: not watched, nothing is known)."""
+        if CLAIMS not in self.indices:
+            return None
+        return frozenset(self.indices[CLAIMS].get(namespace, ()))
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        self.refused.pop((kind, namespace, name), None)
 
     def values(self, index: str, key: Any) -> list[dict]:
         return list(self.indices[index].get(key, ()))
@@ -157,39 +175,54 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         await ctx.post_events(service, [warning("InvalidSpec", str(error))], "Plan")
         return None
 
+    owner = ("InferenceService", namespace, name)
+    planned = {(d["kind"], d["metadata"]["name"]) for d in plan.engine_builds + plan.children}
+    # A refusal of an object the plan no longer has (the user changed the spec) is over.
+    refused = {k: v for k, v in ctx.refused.get(owner, {}).items() if k[:2] in planned}
+    failures: list[ApiError] = []
+
+    async def apply_child(desired: dict, live: dict | None, pool: str = "") -> int:
+        key = (desired["kind"], desired["metadata"]["name"], pool)
+        try:
+            # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
+            # by another manager, and only a forced apply takes them back.
+            written = await ctx.apply(desired, live)
+        except ApiError as error:
+            if is_namespace_terminating(error):
+                raise  # nothing more can be created there; the service goes with its namespace
+            # One refused child must not hold back the others; the reconcile fails at the end.
+            logger.error("Failed to apply %s %s/%s: %s", key[0], namespace, key[1], error)
+            failures.append(error)
+            if not error.is_retryable:  # the user must change something: say what in status
+                refused[key] = error.message
+            return 0
+        refused.pop(key, None)
+        return written
+
     num_changes = 0
     live_builds = {b["metadata"]["name"]: b for b in _builds(ctx, namespace)}
     for desired in plan.engine_builds:
         build_name = desired["metadata"]["name"]
-        live = ctx.fresher("EngineBuild", live_builds.get(build_name), namespace, build_name)
-        # Forced: restores fields someone edited by hand (they hold those fields otherwise).
-        num_changes += await ctx.apply(desired, live)
+        num_changes += await apply_child(
+            desired, ctx.fresher("EngineBuild", live_builds.get(build_name), namespace, build_name))
 
     # Status next, before the children: it is computed from what was read, not from what the
     # applies return, and it is what records this service's references to its builds (a build
-    # reconcile that runs meanwhile must not see them unreferenced).
-    if not _same(plan.status, service.get("status") or {}):
-        ctx.remember(await ctx.kube.apply_status(service, plan.status))
+    # reconcile that runs meanwhile must not see them unreferenced). Refused writes of earlier
+    # reconciles are in it, so a retry that is refused alike writes no status.
+    status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+    if not _same(status, service.get("status") or {}):
+        ctx.remember(await ctx.kube.apply_status(service, status))
         num_changes += 1
-
-    failures: list[ApiError] = []
     desired_names: dict[str, set[str]] = {kind: set() for kind in CHILD_INDEXES}
     for desired in plan.children:
         kind, child_name = desired["kind"], desired["metadata"]["name"]
         desired_names.setdefault(kind, set()).add(child_name)
         live = _find(ctx.values(CHILD_INDEXES[kind], (namespace, name)), child_name) \
             if kind in CHILD_INDEXES else None
-        # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
-        # by another manager, and only a forced apply takes them back.
-        try:
-            num_changes += await ctx.apply(desired,
-                                           ctx.fresher(kind, live, namespace, child_name))
-        except ApiError as error:
-            if is_namespace_terminating(error):
-                raise  # nothing more can be created there; the service goes with its namespace
-            # One refused child must not hold back the others; the reconcile fails at the end.
-            logger.error("Failed to apply %s %s/%s: %s", kind, namespace, child_name, error)
-            failures.append(error)
+        pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
+        num_changes += await apply_child(desired, ctx.fresher(kind, live, namespace, child_name),
+                                         pool)
 
     for kind, index in CHILD_INDEXES.items():
         for child in ctx.values(index, (namespace, name)):
@@ -201,11 +234,54 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
                 logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
                 num_changes += 1
 
-    if num_changes:
-        await ctx.post_events(service, plan.events, "Reconcile")
+    if refused != ctx.refused.get(owner, {}):  # a write newly refused, or one that now went through
+        if refused:
+            ctx.refused[owner] = refused
+        else:
+            ctx.refused.pop(owner, None)
+        written = ctx.fresher("InferenceService", indexed, namespace, name) or service
+        status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+        if not _same(status, written.get("status") or {}):
+            ctx.remember(await ctx.kube.apply_status(service, status))
+            num_changes += 1
+    # Findings are posted whether or not anything was written: a pod can start failing while every
+    # object stays as planned (posted Events are remembered, so each is posted once).
+    await ctx.post_events(service, events if num_changes else
+                          [e for e in events if e.reason in findings.ORDER], "Reconcile")
     if failures:
-        raise failures[0]  # retried by the work queue after its error delay
+        raise failures[0]  # retried by the work queue after its error delay (a backoff)
     return plan.requeue_after
+
+
+def _with_findings(ctx: Context, service: dict, plan: planner.ServicePlan,
+                   refused: Mapping[tuple[str, str, str], str],
+                   builds_by_key: Mapping[str, dict]) -> tuple[dict, list]:
+    """The plan's status and Events with the failures a user must act on: refused writes, missing
+    claims, what the service's pods report (unschedulable, model fetch failing) and what its
+    builds report (compile pods that cannot run, a deadline exceeded)."""
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    found = [findings.apply_finding(kind, child, message, pool)
+             for (kind, child, pool), message in sorted(refused.items())]
+    found += findings.build_findings(plan.status.get("pools") or [], builds_by_key)
+    claims = ctx.claims(namespace)
+    if claims is not None:
+        deployments = [d for d in plan.children if d["kind"] == "Deployment"]
+        found += findings.missing_claims(deployments, claims, POOL_LABEL)
+        found += findings.missing_cache_claim(plan.status.get("pools") or [], claims,
+                                              ctx.plan_settings.engine_cache_claim, namespace)
+    if SERVICE_PODS in ctx.indices:
+        found += findings.pods_findings(ctx.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
+    if not found:
+        return plan.status, plan.events
+    previous = service.get("status") or {}
+    status = findings.degraded_status(plan.status, found, c.by_type(previous.get("conditions")),
+                                      ctx.clock(), int(service["metadata"].get("generation") or 0))
+    # The planner's Events, against the status with the findings; the Degraded flip is said by the
+    # findings' own Warnings (one per reason).
+    events = [e for e in pool_events(previous, status)
+              if not (e.type == "Warning" and e.reason in findings.ORDER)]
+    events += [warning(reason, message) for reason, message in findings.grouped(found)]
+    return status, events
 
 
 def is_namespace_terminating(error: BaseException) -> bool:
@@ -231,22 +307,44 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
         return None
     now = ctx.clock()
     jobs = ctx.values(JOBS, (namespace, name))
-    plan = builds.plan_build(build, jobs, now, ctx.plan_settings, ctx.values(PODS, (namespace, name)))
+    owner = ("EngineBuild", namespace, name)
+    refused = ctx.refused.get(owner, {}).get(("Job", "", ""))
 
+    def plan_with(apply_error: str | None) -> builds.BuildPlan:
+        return builds.plan_build(build, jobs, now, ctx.plan_settings, ctx.values(PODS, (namespace, name)),
+                                 claims=ctx.claims(namespace), apply_error=apply_error)
+
+    plan = plan_with(refused)
     num_changes = 0
+    failure: ApiError | None = None
     if plan.job is not None:
         job_name = plan.job["metadata"]["name"]
         live_job = ctx.fresher("Job", _find(jobs, job_name), namespace, job_name)
         if live_job is None:
             # Not forced, and never re-applied: a Job's template is immutable, and one attempt
             # must map to exactly one Job even across operator restarts.
-            num_changes += await ctx.apply(plan.job, None, force=False)
+            try:
+                num_changes += await ctx.apply(plan.job, None, force=False)
+                now_refused = None
+            except ApiError as error:
+                if is_namespace_terminating(error) or error.is_retryable:
+                    raise
+                logger.error("Failed to create Job %s/%s: %s", namespace, job_name, error)
+                failure, now_refused = error, error.message
+            if now_refused != refused:  # newly refused, or created after a refusal: say so
+                if now_refused:
+                    ctx.refused[owner] = {("Job", "", ""): now_refused}
+                else:
+                    ctx.forget(*owner)
+                plan = plan_with(now_refused)
 
     if not _same(plan.status, build.get("status") or {}):
         ctx.remember(await ctx.kube.apply_status(build, plan.status))
         num_changes += 1
-    if num_changes:
+    if num_changes or failure is not None:
         await ctx.post_events(build, plan.events, "Build")
+    if failure is not None:
+        raise failure  # retried by the work queue after its error delay (a backoff)
 
     services = [s for s in ctx.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
     gc = builds.plan_gc(build, services, now, ctx.plan_settings)

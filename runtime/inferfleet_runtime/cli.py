@@ -16,6 +16,17 @@ SUBCOMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors (exit 2) also become the termination message, as the subcommands' own errors do:
+    an init container run with flags its image does not know says so in the pod's status."""
+
+    def error(self, message: str):
+        from .termination import write_termination_message
+
+        write_termination_message(f"{self.prog}: error: {message}")
+        super().error(message)
+
+
 def _usage() -> str:
     lines = ["usage: inferfleet-runtime <subcommand> [options]", "", "subcommands:"]
     lines += [f"  {name:<12} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
@@ -41,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inferfleet-runtime: error: subcommand {name!r} is not available in this build", file=sys.stderr)
             return 2
         raise
-    parser = argparse.ArgumentParser(prog=f"inferfleet-runtime {name}", description=help_)
+    parser = _Parser(prog=f"inferfleet-runtime {name}", description=help_)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     return module.run(args)

@@ -11,6 +11,8 @@ from urllib.parse import unquote, urlparse
 
 from tqdm import tqdm
 
+from .termination import fail
+
 URI_FORMS = "file:///path/to/model or hf://org/name[@revision]"
 
 
@@ -138,11 +140,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         fetch(args.uri, args.to, show_progress=not args.no_progress)
-    except BadURIError as exc:
-        print(f"inferfleet-runtime fetch: error: {exc}", file=sys.stderr)
-        return 2
+    except BadURIError as exc:  # the error line is also the termination message the operator reports
+        return fail("inferfleet-runtime fetch", str(exc), 2)
     except FetchError as exc:
-        print(f"inferfleet-runtime fetch: error: {exc}", file=sys.stderr)
-        return 1
+        return fail("inferfleet-runtime fetch", str(exc), 1)
     print(f"Fetched {args.uri} into {args.to}", file=sys.stderr)
     return 0

@@ -149,3 +149,63 @@ def test_unreferenced_build_is_deleted_after_the_retention():
     marked["metadata"]["annotations"] = {UNREFERENCED_ANNOTATION: first.unreferenced_since}
     assert plan_gc(marked, [], NOW + timedelta(seconds=599), settings).delete is False
     assert plan_gc(marked, [], NOW + timedelta(seconds=600), settings).delete is True
+
+
+# ------------------------------------------------------------------ failures a user must act on
+
+
+def test_a_missing_engine_cache_claim_holds_the_job_and_says_so():
+    p = plan_build(build(), [], NOW, claims=frozenset({"something-else"}))
+    assert p.job is None
+    assert (p.status["state"], p.status["attempts"]) == ("Pending", 0)
+    assert "inferfleet-engine-cache" in p.status["message"]
+    assert p.status["conditions"][0]["reason"] == "ClaimNotFound"
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "ClaimNotFound")]
+    # Once the claim exists, attempt 1 is created.
+    assert plan_build(build(p.status), [], NOW, claims=frozenset({"inferfleet-engine-cache"})).job is not None
+
+
+def test_a_running_attempt_whose_pod_cannot_schedule_says_why_not_waiting():
+    pending = {"metadata": {"name": f"{KEY}-1-x", "labels": {"batch.kubernetes.io/job-name": f"{KEY}-1"}},
+               "status": {"phase": "Pending", "conditions": [
+                   {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}}
+    p = plan_build(build(), [job(1, "running")], NOW, pods=[pending])
+    assert p.status["state"] == "Building"
+    assert "Insufficient nvidia.com/gpu" in p.status["progress"]
+    assert p.status["conditions"][0]["reason"] == "InsufficientResource"
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "InsufficientResource")]
+    # Reported once: the same finding on the next reconcile posts nothing.
+    assert plan_build(build(p.status), [job(1, "running")], NOW, pods=[pending]).events == []
+
+
+def test_a_deadline_exceeded_attempt_fails_the_build_without_retrying():
+    late = job(1, "failed")
+    late["spec"] = {"activeDeadlineSeconds": 7200}
+    late["status"]["conditions"][0]["reason"] = "DeadlineExceeded"
+    p = plan_build(build(), [late], NOW + timedelta(hours=1))
+    assert p.job is None
+    assert p.status["state"] == "Failed"
+    assert p.status["conditions"][0]["reason"] == "DeadlineExceeded"
+    assert "deadline of 7200 s" in p.status["failureReason"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "DeadlineExceeded")]
+
+
+def test_a_refused_job_is_reported_with_the_api_servers_message():
+    error = "422 Unprocessable Entity: spec.template.spec.tolerations[0].key: Invalid value: \"bad key\""
+    p = plan_build(build(), [], NOW, apply_error=error)
+    assert p.job is not None  # still wanted: the reconcile retries it with backoff
+    assert p.status["conditions"][0]["reason"] == "ApplyFailed"
+    assert "tolerations[0].key" in p.status["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "ApplyFailed")]
+
+
+def test_a_failed_fetch_in_a_compile_pod_is_the_failure_reason():
+    fetch = {"metadata": {"name": f"{KEY}-1-x", "labels": {"batch.kubernetes.io/job-name": f"{KEY}-1"}},
+             "status": {"phase": "Failed", "initContainerStatuses": [
+                 {"name": "fetch-model", "state": {"terminated": {
+                     "exitCode": 2, "reason": "Error",
+                     "message": "inferfleet-runtime fetch: error: unrecognized arguments: --revision v1"}}}]}}
+    p = plan_build(build(), [job(1, "failed")], NOW + timedelta(seconds=1), pods=[fetch])
+    assert "exited 2" in p.status["failureReason"]
+    assert p.status["failureReason"].endswith("unrecognized arguments: --revision v1")

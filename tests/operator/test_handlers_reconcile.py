@@ -156,6 +156,9 @@ class World:
                 index[reconcile.JOBS].setdefault((ns, build), []).append(obj)
             elif kind in reconcile.CHILD_INDEXES:
                 index[reconcile.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
+        # Claims and serving pods are set by the tests that use them, and kept across syncs.
+        index.update({k: self.indices[k] for k in (reconcile.CLAIMS, reconcile.SERVICE_PODS)
+                      if k in self.indices})
         self.indices.clear()
         self.indices.update(index)
         self.ctx_written_clear()
@@ -398,3 +401,171 @@ def test_a_spec_the_planner_refuses_writes_nothing_but_one_warning_event():
     assert world.api.events[0]["reason"] == "InvalidSpec"
     assert "tensorParallelSize" in world.api.events[0]["message"]
     assert world.reconcile() == [], "the same refusal is not posted twice"
+
+
+# ------------------------------------------------------------------ failures a user must act on
+
+
+def _degraded(world, name="llama"):
+    status = world.get("InferenceService", name)["status"]
+    return next(c for c in status["conditions"] if c["type"] == "Degraded")
+
+
+def _refuse(world, kind, message):
+    """The fake API server answers every apply of `kind` with 422 and `message`."""
+    original = world.api.handle
+
+    def handle(request):
+        match = PATH.match(request.url.path)
+        if request.method == "PATCH" and not match["sub"] and PLURAL_KINDS[match["plural"]] == kind:
+            world.api.requests.append((request.method, kind))
+            return httpx.Response(422, json={"reason": "Invalid", "message": message})
+        return original(request)
+
+    world.kube._http._transport = httpx.MockTransport(handle)
+    return lambda: setattr(world.kube._http, "_transport", httpx.MockTransport(original))
+
+
+def test_a_refused_child_is_in_status_and_a_warning_event_and_retries_write_nothing_more():
+    world = World([_service()])
+    message = 'Deployment.apps "llama-cpu-amd64" is invalid: spec.template.spec.tolerations[0].key: Invalid value'
+    restore = _refuse(world, "Deployment", message)
+    try:
+        world.reconcile()
+    except Exception as error:  # the work queue retries it after its error delay
+        assert getattr(error, "status", None) == 422
+    else:
+        raise AssertionError("a refused apply fails the reconcile, so the work queue backs off")
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApplyFailed")
+    assert "tolerations[0].key: Invalid value" in degraded["message"]
+    pools = {p["name"]: p for p in world.get("InferenceService", "llama")["status"]["pools"]}
+    assert "ApplyFailed" in pools["cpu-amd64"]["message"]
+    warnings = [e for e in world.api.events if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["ApplyFailed"]
+
+    # The retry is refused alike: no status write, no second Event.
+    world.sync()
+    before = len(world.api.requests)
+    try:
+        world.reconcile()
+    except Exception:
+        pass
+    assert [kind for _, kind in world.api.requests[before:]] == ["Deployment", "Deployment"]
+
+    # Fixed (here: the server accepts it again): Degraded goes back to False.
+    restore()
+    world.sync()
+    world.reconcile()
+    assert _degraded(world)["status"] == "False"
+
+
+def test_a_missing_engine_cache_claim_is_named_in_status():
+    world = World([_service()])
+    world.indices[reconcile.CLAIMS] = {"team-a": ["models"]}
+    _build_ready(world)
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "ClaimNotFound")
+    assert "inferfleet-engine-cache" in degraded["message"] and "team-a" in degraded["message"]
+    assert "ClaimNotFound" in {e["reason"] for e in world.api.events if e["type"] == "Warning"}
+
+
+def _build_ready(world):
+    """Runs the rollout until the compiled pool serves its engine (its Deployment mounts the cache)."""
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.indices[reconcile.CLAIMS]["team-a"].append("inferfleet-engine-cache")
+    world.reconcile_build(name)
+    world.indices[reconcile.CLAIMS]["team-a"].remove("inferfleet-engine-cache")
+    world.sync()
+    _finish_job(world, f"{name}-1")
+    world.sync()
+    world.reconcile_build(name)
+    world.sync()
+    world.reconcile()
+    world.sync()
+
+
+def test_an_engine_build_waits_for_its_claim_instead_of_creating_a_job():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    world.indices[reconcile.CLAIMS] = {}
+    name = world.build_name()
+    writes, _ = world.reconcile_build(name)
+    assert ("PATCH", "Job") not in writes
+    status = world.get("EngineBuild", name)["status"]
+    assert status["conditions"][0]["reason"] == "ClaimNotFound"
+    assert "inferfleet-engine-cache" in status["message"]
+    world.indices[reconcile.CLAIMS] = {"team-a": ["inferfleet-engine-cache"]}
+    writes, _ = world.reconcile_build(name)
+    assert ("PATCH", "Job") in writes
+
+
+def test_a_refused_job_is_reported_on_the_engine_build():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    _refuse(world, "Job", "spec.template.spec.tolerations[0].key: Invalid value: \"bad key\"")
+    try:
+        world.reconcile_build(name)
+    except Exception as error:
+        assert getattr(error, "status", None) == 422
+    else:
+        raise AssertionError("a refused Job fails the reconcile, so the work queue backs off")
+    status = world.get("EngineBuild", name)["status"]
+    assert status["conditions"][0]["reason"] == "ApplyFailed"
+    assert "bad key" in status["message"]
+    assert [e["reason"] for e in world.api.events if e["type"] == "Warning"] == ["ApplyFailed"]
+
+
+def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    world.reconcile()
+    world.sync()
+    pod = {"metadata": {"name": "llama-nvidia-h100-80gb-hbm3-abc", "namespace": "team-a",
+                        "labels": {reconcile.SERVICE_LABEL: "llama", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"}},
+           "status": {"phase": "Pending", "conditions": [
+               {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
+    world.indices[reconcile.SERVICE_PODS] = {("team-a", "llama"): [pod]}
+    world.reconcile()
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientResource")
+    assert "Insufficient nvidia.com/gpu" in degraded["message"]
+    warnings = [e for e in world.api.events if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["InsufficientResource"]
+    world.sync()
+    world.indices[reconcile.SERVICE_PODS] = {("team-a", "llama"): [pod]}
+    assert world.reconcile() == []  # the same finding: nothing written, nothing posted
+    world.indices[reconcile.SERVICE_PODS] = {}
+    world.reconcile()
+    assert _degraded(world)["status"] == "False"
+
+
+def test_a_service_whose_build_lacks_the_engine_cache_claim_says_so_while_bridging():
+    world = World([_service()])
+    world.indices[reconcile.CLAIMS] = {}
+    world.reconcile()
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "ClaimNotFound")
+    assert degraded["message"].startswith("EngineBuild ")
+
+
+def test_a_refusal_of_a_child_no_longer_planned_is_forgotten():
+    world = World([_service()])
+    _refuse(world, "Deployment", "spec.template.spec.tolerations[0]: Invalid value")
+    try:
+        world.reconcile()
+    except Exception:
+        pass
+    assert _degraded(world)["reason"] == "ApplyFailed"
+    service = world.get("InferenceService", "llama")
+    service["spec"]["replicas"], service["spec"]["pools"] = 0, []  # no Deployment planned any more
+    world.sync()
+    world.reconcile()
+    assert _degraded(world)["status"] == "False"

@@ -64,7 +64,8 @@ def test_watches_of_children_jobs_and_pods_are_filtered_by_the_api_server():
     assert selectors[("", "services")] == managed
     assert selectors[("policy", "poddisruptionbudgets")] == managed
     assert selectors[("batch", "jobs")] == "inferfleet.dev/engine-build"
-    assert selectors[("", "pods")] == "inferfleet.dev/engine-build"
+    # One pod watch serves both the compile pods and the serving pods: both carry managed-by.
+    assert selectors[("", "pods")] == managed
 
 
 def test_kopf_bookkeeping_stays_under_the_projects_prefix():
@@ -80,7 +81,10 @@ def test_every_handler_registers():
     resources = {h.selector.any_name if h.selector else None
                  for h in registry._indexing.get_all_handlers()}
     assert {"inferenceservices", "enginebuilds", "inferenceruntimes", "nodes", "deployments",
-            "services", "poddisruptionbudgets", "jobs", "pods"} <= resources
+            "services", "poddisruptionbudgets", "jobs", "pods", "persistentvolumeclaims"} <= resources
+    pod_indexes = {h.id for h in registry._indexing.get_all_handlers()
+                   if h.selector and h.selector.any_name == "pods"}
+    assert pod_indexes == {"pod_index", "service_pod_index"}
 
 
 def _kwok_node(heartbeat: str, **labels: str) -> dict:

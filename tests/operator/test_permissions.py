@@ -41,3 +41,10 @@ def test_status_is_written_through_the_subresource_and_nodes_and_runtimes_are_re
     assert verbs_for("inferfleet.dev", "inferenceruntimes") == {"get", "list", "watch"}
     assert verbs_for("", "events") == {"create"}
     assert "update" not in {v for r in PERMISSIONS for v in r["verbs"]}
+
+
+def test_pods_and_claims_are_only_read_and_secrets_never():
+    # Findings read pods (scheduling, fetch failures) and claims (missing ones); nothing writes them.
+    assert verbs_for("", "pods") == {"get", "list", "watch"}
+    assert verbs_for("", "persistentvolumeclaims") == {"list", "watch"}
+    assert not verbs_for("", "secrets")

@@ -138,3 +138,26 @@ def test_progress_bars_go_to_stderr(demo_model_dir, hub, tmp_path, capfd):
     fetch.fetch(f"hf://{REPO}", tmp_path / "b", show_progress=True)
     captured = capfd.readouterr()
     assert "Fetching 5 files" in captured.err and captured.out == ""
+
+
+def test_a_failed_fetch_leaves_its_error_line_as_the_termination_message(tmp_path, monkeypatch):
+    termination_log = tmp_path / "termination-log"
+    termination_log.write_text("")  # the kubelet creates the file; outside a container it is absent
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(termination_log))
+    assert run_fetch(f"file://{tmp_path / 'missing'}", tmp_path / "out") == 1
+    message = termination_log.read_text()
+    assert message.startswith("inferfleet-runtime fetch: error:") and "missing" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_flags_the_fetch_does_not_know_are_the_termination_message_too(tmp_path, monkeypatch):
+    from inferfleet_runtime.cli import main
+
+    termination_log = tmp_path / "termination-log"
+    termination_log.write_text("")
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(termination_log))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fetch", "--uri", "hf://org/m", "--to", str(tmp_path), "--no-such-flag", "x"])
+    assert exit_info.value.code == 2
+    assert termination_log.read_text() == \
+        "inferfleet-runtime fetch: error: unrecognized arguments: --no-such-flag x"

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
 
+from ..termination import write_termination_message
 from .envelope import DTYPES, Envelope, EnvelopeError, parse_buckets
 
 
@@ -104,11 +104,4 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def _write_termination_log(text: str) -> None:
-    """Writes text where Kubernetes reads a container's termination message, when that file exists."""
-    path = os.environ.get("INFERFLEET_TERMINATION_LOG", "/dev/termination-log")
-    if os.path.isfile(path):
-        try:
-            with open(path, "w") as f:
-                f.write(text[:4096])
-        except OSError:
-            pass   # a read-only or foreign file: the logs still carry the result
+    write_termination_message(text)
