@@ -113,7 +113,7 @@ class Credentials:
 
     def aiohttp_session(self):
         """An aiohttp session for kopf (returned by the login handler as kopf.AiohttpSession): same TLS,
-        proxy and per-request Authorization as the write path."""
+        proxy and per-request Authorization as the write path. Call it inside the event loop that uses it."""
         import aiohttp
 
         async def authorize(request: aiohttp.ClientRequest, handler):

@@ -112,9 +112,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                     "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces))
 
     @kopf.on.login(**on)
-    def login(**_: Any) -> kopf.AiohttpSession:
+    async def login(**_: Any) -> kopf.AiohttpSession:
         # The write path's credentials (credentials.py), so kopf's watches authenticate the same way.
         credentials = Credentials.load()
+        logger.info("Logged in to %s for watches (credentials from %s)", credentials.server, credentials.source)
         return kopf.AiohttpSession(server=credentials.server, aiohttp_session=credentials.aiohttp_session())
 
     @kopf.on.cleanup(**on)
