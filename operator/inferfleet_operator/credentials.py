@@ -68,6 +68,10 @@ class Credentials:
             raise CredentialsError(f"Could not load kubeconfig {path}: {exc}") from exc
         return cls(configuration, path)
 
+    def reloaded(self) -> Credentials:
+        """Loaded again from the same source (an exec plugin runs again)."""
+        return Credentials.load(None if self.source == "in-cluster" else self.source)
+
     @property
     def server(self) -> str:
         return self.configuration.host.rstrip("/")

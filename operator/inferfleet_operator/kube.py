@@ -54,7 +54,8 @@ class ApiError(Exception):
 
 class _CredentialsAuth(httpx.Auth):
     """Sets each request's Authorization from the credentials: the official loader refreshes an expired
-    exec-plugin credential or a rotated ServiceAccount token when asked."""
+    exec-plugin credential or a rotated ServiceAccount token when asked. A 401 reloads the credentials
+    once and retries (a credential revoked early, or an exec plugin that states no expiry), as kopf does."""
 
     def __init__(self, credentials: Credentials):
         self._credentials = credentials
@@ -62,7 +63,12 @@ class _CredentialsAuth(httpx.Auth):
     def auth_flow(self, request: httpx.Request):
         if header := self._credentials.authorization():
             request.headers["Authorization"] = header
-        yield request
+        response = yield request
+        if response.status_code == 401:
+            self._credentials = self._credentials.reloaded()
+            if header := self._credentials.authorization():
+                request.headers["Authorization"] = header
+            yield request
 
 
 def resource_path(api_version: str, kind: str, namespace: str | None = None,

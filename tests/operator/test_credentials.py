@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from inferfleet_operator.credentials import Credentials, CredentialsError
+from inferfleet_operator import kube
 from inferfleet_operator.kube import Kube
 
 SERVER_NAME = "api.inferfleet.test"
@@ -215,6 +216,24 @@ def test_exec_plugin_credential_is_used_and_run_again_once_expired(api, pki, tmp
     tokens = [auth for _, auth, _ in api.seen]
     assert tokens[:2] == ["Bearer exec-token-1"] * 2      # a valid credential is reused
     assert tokens[2] != tokens[3] and all(t.startswith("Bearer exec-token-") for t in tokens[2:])
+
+
+def test_a_refused_credential_is_loaded_again_once_and_the_request_retried(tmp_path):
+    cluster = {"server": "https://api.test", "insecure-skip-tls-verify": True}
+    credentials = Credentials.load(str(_kubeconfig(tmp_path, cluster, _exec_plugin(tmp_path, expired=False))))
+    seen = []
+
+    def handler(request):
+        seen.append(request.headers["authorization"])
+        # The first credential was revoked before the expiry the plugin stated.
+        return httpx.Response(401 if seen[-1] == "Bearer exec-token-1" else 200, json=NODE)
+
+    http = httpx.AsyncClient(base_url=credentials.server, transport=httpx.MockTransport(handler),
+                             auth=kube._CredentialsAuth(credentials))
+    client = Kube(http)
+    assert asyncio.run(client.get("v1", "Node", None, "n1")) == NODE
+    assert asyncio.run(client.get("v1", "Node", None, "n1")) == NODE
+    assert seen == ["Bearer exec-token-1", "Bearer exec-token-2", "Bearer exec-token-2"]
 
 
 def test_proxy_url_carries_both_clients_through_the_proxy(api, pki, tmp_path):
