@@ -3,6 +3,7 @@ its health endpoint and Prometheus metrics, and kills or restarts it."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import wait_for
@@ -183,6 +185,43 @@ def install(cluster, work_dir: Path) -> Path:
     cluster.apply(runtime_objects())
     return cluster.token_kubeconfig(SERVICE_ACCOUNT, SYSTEM_NAMESPACE,
                                     Path(work_dir) / "operator.kubeconfig")
+
+
+def exec_plugin_kubeconfig(token_kubeconfig: Path, folder: Path) -> Path:
+    """A kubeconfig as cloud clusters hand out: the user is an exec plugin (a small script printing an
+    ExecCredential with the ServiceAccount token from `token_kubeconfig`, counting its runs in
+    folder/plugin-runs) and the CA is a file named relative to the kubeconfig's folder."""
+    source = yaml.safe_load(Path(token_kubeconfig).read_text())
+    cluster = dict(source["clusters"][0]["cluster"])
+    token = source["users"][0]["user"]["token"]
+    folder = Path(folder)
+    (folder / "certs").mkdir(parents=True, exist_ok=True)
+    (folder / "certs" / "ca.crt").write_bytes(base64.b64decode(cluster.pop("certificate-authority-data")))
+    cluster["certificate-authority"] = "certs/ca.crt"
+    (folder / "sa-token").write_text(token)
+    (folder / "sa-token").chmod(0o600)
+    plugin = folder / "credential-plugin"
+    plugin.write_text(f"""#!{sys.executable}
+import json, pathlib
+folder = pathlib.Path(__file__).parent
+runs = folder / "plugin-runs"
+runs.write_text(str(int(runs.read_text()) + 1 if runs.exists() else 1))
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {{"token": (folder / "sa-token").read_text().strip()}}}}))
+""")
+    plugin.chmod(0o700)
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "e2e-exec",
+        "clusters": [{"name": "e2e", "cluster": cluster}],
+        "users": [{"name": "e2e-exec", "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": "./credential-plugin",
+            "interactiveMode": "Never"}}}],
+        "contexts": [{"name": "e2e-exec", "context": {"cluster": "e2e", "user": "e2e-exec"}}],
+    }
+    path = folder / "kubeconfig"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
 
 
 def add_engine_cache(cluster, namespace: str) -> None:

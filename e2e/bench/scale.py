@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import shutil
@@ -38,7 +37,6 @@ import time
 from pathlib import Path
 
 import httpx
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 E2E = Path(__file__).resolve().parent.parent
@@ -47,7 +45,8 @@ sys.path.insert(0, str(E2E))
 from helpers import CLUSTER_DIR, Cluster, cluster_bin, is_true, wait_for  # noqa: E402
 from operator_process import OperatorProcess, install, runtime_objects  # noqa: E402
 
-from inferfleet_operator.kube import Credentials, resource_path  # noqa: E402
+from inferfleet_operator.credentials import Credentials  # noqa: E402
+from inferfleet_operator.kube import resource_path  # noqa: E402
 
 from fleet import (  # noqa: E402  (e2e/bench/, this script's folder)
     BENCH_LABEL, FLOOR_MANAGER, MANAGED_BY_LABEL, floor_children, make_nodes, make_services)
@@ -66,12 +65,7 @@ class PlainClient:
     """Async client with admin credentials; counts its own requests (to separate them from the rest)."""
 
     def __init__(self, kubeconfig: Path, concurrency: int):
-        config = yaml.safe_load(Path(kubeconfig).read_text())
-        cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
-        credentials = Credentials(
-            server=cluster["server"], ca_pem=base64.b64decode(cluster["certificate-authority-data"]),
-            cert_pem=base64.b64decode(user["client-certificate-data"]),
-            key_pem=base64.b64decode(user["client-key-data"]))
+        credentials = Credentials.load(str(kubeconfig))
         self.http = httpx.AsyncClient(base_url=credentials.server, verify=credentials.ssl_context(),
                                       timeout=120, headers={"User-Agent": USER_AGENT},
                                       limits=httpx.Limits(max_connections=concurrency))

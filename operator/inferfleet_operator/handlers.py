@@ -10,7 +10,8 @@ from typing import Any
 import kopf
 
 from . import builds, findings, reconcile
-from .kube import Credentials, Kube, strip_object
+from .credentials import Credentials, CredentialsError
+from .kube import Kube, strip_object
 from .metrics import Metrics
 from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, Context
 from .settings import OperatorConfig
@@ -92,13 +93,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     @kopf.on.startup(**on)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
         apply_settings(settings, config)
-        credentials = Credentials.in_cluster()
-        if credentials is None:
-            info = kopf.login_with_kubeconfig(settings=settings)
-            if info is None:
-                raise kopf.PermanentError("No credentials: not in a cluster and no kubeconfig "
-                                          "(set KUBECONFIG)")
-            credentials = Credentials.from_connection_info(info)
+        try:
+            credentials = Credentials.load()
+        except CredentialsError as exc:
+            raise kopf.PermanentError(str(exc)) from exc
         kube = Kube.connect(credentials, instance=config.instance,
                             on_request=metrics.count_request)
         # kopf passes every index under its id; all of ours end in "_index".
@@ -117,9 +115,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                     "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces))
 
     @kopf.on.login(**on)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # The same sources, in the same order, as kube.py: the pod's ServiceAccount, else KUBECONFIG.
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: Any) -> kopf.AiohttpSession:
+        # The write path's credentials (credentials.py), so kopf's watches authenticate the same way.
+        credentials = Credentials.load()
+        logger.info("Logged in to %s for watches (credentials from %s)", credentials.server, credentials.source)
+        return kopf.AiohttpSession(server=credentials.server, aiohttp_session=credentials.aiohttp_session())
 
     @kopf.on.cleanup(**on)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:

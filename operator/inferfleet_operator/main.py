@@ -11,9 +11,9 @@ import sys
 from .settings import OperatorConfig, parse_args
 
 # kopf imports these client libraries at import time when they are installed, for integrations
-# the operator never uses (it talks to the API through kube.py). Kept out, they cost nothing:
-# the official client's models alone are ~18 MB of resident memory.
-UNUSED_CLIENTS = ("kubernetes", "kubernetes_asyncio", "pykube")
+# the operator never uses. The official `kubernetes` package is used (credentials.py loads its config);
+# importing it costs ~18 MB of resident memory (README, Running the operator).
+UNUSED_CLIENTS = ("kubernetes_asyncio", "pykube")
 
 
 class _RefuseUnusedClients(importlib.abc.MetaPathFinder):

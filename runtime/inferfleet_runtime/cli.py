@@ -10,7 +10,7 @@ import sys
 SUBCOMMANDS = {
     "serve": ("inferfleet_runtime.server.cli", "serve a model over the OpenAI-compatible HTTP API"),
     "demo-model": ("inferfleet_runtime.demo_model", "make the small built-in model"),
-    "fetch": ("inferfleet_runtime.fetch", "download a model (file://, hf://)"),
+    "fetch": ("inferfleet_runtime.fetch", "download a model (file://, hf://, s3://)"),
     "compile": ("inferfleet_runtime.compiled.cli", "build a compiled engine ahead of time"),
     "bench": ("inferfleet_runtime.bench.cli", "run a serving benchmark"),
 }

@@ -1,4 +1,4 @@
-"""`inferfleet-runtime fetch`: downloads a model directory from file:// or hf:// into a local folder, resumably."""
+"""`inferfleet-runtime fetch`: downloads a model directory from file://, hf:// or s3:// into a local folder, resumably."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from .termination import fail
 
-URI_FORMS = "file:///path/to/model or hf://org/name[@revision]"
+URI_FORMS = "file:///path/to/model, hf://org/name[@revision] or s3://bucket/prefix"
+CREDENTIALS_HINT = "the Secret named by spec.model.credentialsSecret"
 
 
 class FetchError(RuntimeError):
@@ -26,12 +27,24 @@ class BadURIError(ValueError):
 
 @dataclass(frozen=True)
 class Source:
-    scheme: str                  # "file" | "hf"
-    path: str                    # file: local directory; hf: "org/name"
+    scheme: str                  # "file" | "hf" | "s3"
+    path: str                    # file: local directory; hf: "org/name"; s3: "bucket/prefix" (no trailing /)
     revision: str | None = None  # hf only; None means the repository's default branch
 
 
-def parse_uri(uri: str) -> Source:
+def parse_uri(uri: str, revision: str | None = None) -> Source:
+    """`revision` (the --revision flag) must agree with an @revision in an hf:// URI; other schemes have none."""
+    source = _parse(uri)
+    if revision is None:
+        return source
+    if source.scheme != "hf":
+        raise BadURIError(f"--revision {revision!r} applies to hf:// only, not {uri!r}: leave spec.model.revision unset")
+    if source.revision not in (None, revision):
+        raise BadURIError(f"{uri!r} names revision {source.revision!r} but --revision is {revision!r}")
+    return Source("hf", source.path, revision)
+
+
+def _parse(uri: str) -> Source:
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path:
@@ -43,17 +56,25 @@ def parse_uri(uri: str) -> Source:
         if len(parts) != 2 or not all(parts) or (revision == "" and "@" in uri):
             raise BadURIError(f"bad hf URI {uri!r}: expected {URI_FORMS}")
         return Source("hf", "/".join(parts), revision or None)
+    if parsed.scheme == "s3":
+        prefix = unquote(parsed.path).strip("/")
+        if not parsed.netloc or not prefix or parsed.query or parsed.fragment:
+            raise BadURIError(f"bad s3 URI {uri!r}: expected {URI_FORMS}")
+        return Source("s3", f"{parsed.netloc}/{prefix}")
     if parsed.scheme == "pvc":
         raise BadURIError(f"{uri!r}: pvc:// volumes are mounted into the pod, not fetched")
     raise BadURIError(f"unsupported URI {uri!r}: expected {URI_FORMS}")
 
 
-def fetch(uri: str, to: Path, show_progress: bool = True) -> Path:
+def fetch(uri: str, to: Path, show_progress: bool = True, revision: str | None = None) -> Path:
     """Copies or downloads the model into `to`; files already complete there are kept (re-runs resume)."""
-    source = parse_uri(uri)
+    source = parse_uri(uri, revision)
     to.mkdir(parents=True, exist_ok=True)
     if source.scheme == "file":
         _fetch_local(Path(source.path), to, show_progress)
+    elif source.scheme == "s3":
+        from .fetch_s3 import fetch_s3
+        fetch_s3(source.path, to, show_progress)
     else:
         _fetch_hub(source, to, show_progress)
     return to
@@ -78,7 +99,7 @@ def _fetch_local(src: Path, to: Path, show_progress: bool) -> None:
                     writer.write(chunk)
                     bar.update(len(chunk))
             os.replace(part, dest)
-    _verify_sizes(to, {str(rel): size for rel, size in sizes.items()})
+    verify_sizes(to, {str(rel): size for rel, size in sizes.items()})
 
 
 def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
@@ -103,15 +124,24 @@ def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
             hf_hub_download(source.path, name, revision=info.sha, local_dir=to, endpoint=endpoint, token=token,
                             force_download=True)
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
-        raise FetchError(f"could not fetch hf://{source.path}@{revision}: {_reason(exc)}") from exc
-    _verify_sizes(to, expected)
+        raise FetchError(f"could not fetch hf://{source.path}@{revision}: {_reason(exc, has_token=token is not None)}") from exc
+    verify_sizes(to, expected)
 
 
-def _reason(exc: Exception) -> str:
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+def _reason(exc: Exception, has_token: bool) -> str:
+    """One line for the pod's log. Never includes the token: library messages are cut to their first line,
+    which names the repository and status, not request headers."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, GatedRepoError) or status in (401, 403):
+        if not has_token:
+            return f"access refused (gated or private model) and HF_TOKEN is not set: put HF_TOKEN in {CREDENTIALS_HINT}"
+        return f"access refused with the token in HF_TOKEN (from {CREDENTIALS_HINT}): check it is valid and has access"
     if isinstance(exc, RevisionNotFoundError):
         return "revision not found"
     if isinstance(exc, RepositoryNotFoundError):
+        if not has_token:
+            return f"repository not found (a private model needs HF_TOKEN from {CREDENTIALS_HINT})"
         return "repository not found (or no access with this token)"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -125,7 +155,7 @@ def _size(path: Path) -> int | None:
     return path.stat().st_size if path.is_file() else None
 
 
-def _verify_sizes(to: Path, expected: dict[str, int]) -> None:
+def verify_sizes(to: Path, expected: dict[str, int]) -> None:
     for name in _wrong_sizes(to, expected):
         actual = _size(to / name)
         raise FetchError(f"{to / name}: expected {expected[name]} bytes, found {'no file' if actual is None else actual}")
@@ -134,12 +164,13 @@ def _verify_sizes(to: Path, expected: dict[str, int]) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--uri", required=True, help=URI_FORMS)
     parser.add_argument("--to", required=True, type=Path, help="local directory to fill")
+    parser.add_argument("--revision", help="hf:// only: branch, tag or commit (same as hf://org/name@REVISION)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        fetch(args.uri, args.to, show_progress=not args.no_progress)
+        fetch(args.uri, args.to, show_progress=not args.no_progress, revision=getattr(args, "revision", None))
     except BadURIError as exc:  # the error line is also the termination message the operator reports
         return fail("inferfleet-runtime fetch", str(exc), 2)
     except FetchError as exc:

@@ -1,15 +1,12 @@
-"""kube.py against a fake API server (httpx.MockTransport): the requests it sends, and no-op detection."""
+"""kube.py against a fake API server (httpx.MockTransport): the requests it sends; diff.py: no-op detection."""
 
 import asyncio
-import base64
 import json
-import os
-import types
 
 import httpx
 import pytest
 
-from inferfleet_operator import kube
+from inferfleet_operator import diff, kube
 
 
 def _client(handler):
@@ -152,7 +149,7 @@ def test_requests_are_counted_and_reads_are_not_writes():
 
 def _live(desired):
     """What the API server returns: the applied object plus defaults and server fields."""
-    live = json.loads(json.dumps(kube.with_applied_hash(desired)))
+    live = json.loads(json.dumps(diff.with_applied_hash(desired)))
     live["metadata"].update(uid="u", resourceVersion="7", generation=1)
     live["spec"]["strategy"] = {"type": "RollingUpdate"}
     container = live["spec"]["template"]["spec"]["containers"][0]
@@ -165,64 +162,33 @@ def _live(desired):
 
 def test_an_unchanged_object_needs_no_apply_despite_server_defaults_and_quantity_spelling():
     desired = _deployment()
-    assert kube.needs_apply(desired, _live(desired)) is False
+    assert diff.needs_apply(desired, _live(desired)) is False
 
 
 def test_a_missing_object_needs_apply():
-    assert kube.needs_apply(_deployment(), None) is True
+    assert diff.needs_apply(_deployment(), None) is True
 
 
 def test_a_field_edited_by_hand_needs_apply():
     desired = _deployment()
     live = _live(desired)
     live["spec"]["replicas"] = 5  # kubectl scale
-    assert kube.needs_apply(desired, live) is True
+    assert diff.needs_apply(desired, live) is True
 
 
 def test_a_field_the_operator_stopped_setting_needs_apply():
     old = _deployment(extra_label={"inferfleet.dev/engine-key": "abc"})
     live = _live(old)
-    assert kube.needs_apply(_deployment(), live) is True
+    assert diff.needs_apply(_deployment(), live) is True
 
 
 def test_a_changed_manifest_needs_apply():
     live = _live(_deployment())
-    assert kube.needs_apply(_deployment(replicas=3), live) is True
+    assert diff.needs_apply(_deployment(replicas=3), live) is True
 
 
 def test_quantities_compare_by_value():
-    assert kube.is_subset({"memory": "8Gi"}, {"memory": "8192Mi"})
-    assert kube.is_subset({"cpu": "0.5"}, {"cpu": "500m"})
-    assert not kube.is_subset({"cpu": "1"}, {"cpu": "500m"})
-    assert not kube.is_subset({"image": "a"}, {"image": "b"})
-
-
-def test_credentials_from_a_kubeconfig_login_decode_base64_data():
-    pem = b"-----BEGIN CERTIFICATE-----\nabc\n-----END CERTIFICATE-----\n"
-    info = types.SimpleNamespace(
-        server="https://127.0.0.1:6443/", ca_data=base64.b64encode(pem).decode(), ca_path=None,
-        insecure=None, token="t0k", certificate_data=None, private_key_data=None,
-        certificate_path=None, private_key_path=None)
-    credentials = kube.Credentials.from_connection_info(info)
-    assert credentials.server == "https://127.0.0.1:6443"
-    assert credentials.ca_pem == pem
-    assert credentials.token == "t0k"
-
-
-def test_a_rotated_token_file_is_read_again(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text("first\n")
-    seen = []
-
-    def handler(request):
-        seen.append(request.headers["authorization"])
-        return httpx.Response(200, json={})
-
-    http = httpx.AsyncClient(base_url="https://api.test", transport=httpx.MockTransport(handler),
-                             auth=kube._BearerToken(None, str(token_file)))
-    client = kube.Kube(http)
-    asyncio.run(client.get("v1", "Node", None, "n"))
-    token_file.write_text("second\n")
-    os.utime(token_file, (1, 1))  # a different mtime, as the kubelet's atomic swap gives
-    asyncio.run(client.get("v1", "Node", None, "n"))
-    assert seen == ["Bearer first", "Bearer second"]
+    assert diff.is_subset({"memory": "8Gi"}, {"memory": "8192Mi"})
+    assert diff.is_subset({"cpu": "0.5"}, {"cpu": "500m"})
+    assert not diff.is_subset({"cpu": "1"}, {"cpu": "500m"})
+    assert not diff.is_subset({"image": "a"}, {"image": "b"})

@@ -3,6 +3,8 @@
 Serves one directory as model repo `repo_id` at one commit: model info (/api/models/{repo}/revision/{rev}),
 the file tree (/api/models/{repo}/tree/{rev}), and files (/{repo}/resolve/{rev}/{file}) with ETag,
 X-Repo-Commit, Content-Length and Range support. Every request is logged for the tests to inspect.
+With `required_token` set the repo is gated, answered as the Hub does: 401 `GatedRepo` without an
+Authorization header, 401 "Invalid credentials in Authorization header" with another token.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class HubStandIn:
     drop_after_bytes: dict[str, int] = field(default_factory=dict)  # file -> cut the next GET after N bytes
     fail_gets: dict[str, int] = field(default_factory=dict)  # file -> answer this many GETs with HTTP 500
     requests: list[Request] = field(default_factory=list)
+    required_token: str | None = None  # gated: every request needs `Authorization: Bearer <token>`
 
     def start(self) -> str:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -70,6 +73,8 @@ def _handler(hub: HubStandIn):
         def _serve(self, send_body: bool):
             path = unquote(urlparse(self.path).path)
             hub.requests.append(Request(self.command, path, {k.lower(): v for k, v in self.headers.items()}))
+            if hub.required_token is not None and (refused := self._refusal()):
+                return self._error(401, *refused)
             if m := info_re.match(path):
                 if m["rev"] and m["rev"] not in hub.revisions:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {m['rev']}")
@@ -94,6 +99,14 @@ def _handler(hub: HubStandIn):
                     return self._error(500, "InternalError", "storage backend unavailable")
                 return self._file(m["file"], data, send_body)
             return self._error(404, "RepoNotFound", "Repository not found")
+
+        def _refusal(self) -> tuple[str, str] | None:
+            given = self.headers.get("Authorization")
+            if given is None:
+                return "GatedRepo", f"Access to model {hub.repo_id} is restricted. You must be authenticated to access it."
+            if given != f"Bearer {hub.required_token}":
+                return "Unauthorized", "Invalid credentials in Authorization header"
+            return None
 
         def _file(self, name: str, data: bytes, send_body: bool):
             start = 0

@@ -1,4 +1,4 @@
-"""`inferfleet-runtime fetch` from file:// and from hf:// against a local stand-in for the Hub."""
+"""`inferfleet-runtime fetch` from file:// and from hf:// against a local stand-in for the Hub (s3://: test_fetch_s3)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from .hub_standin import COMMIT, HubStandIn
 REPO = "inferfleet/demo"
 
 
-def run_fetch(uri: str, to) -> int:
-    return fetch.run(argparse.Namespace(uri=uri, to=to, no_progress=True))
+def run_fetch(uri: str, to, revision: str | None = None) -> int:
+    return fetch.run(argparse.Namespace(uri=uri, to=to, no_progress=True, revision=revision))
 
 
 def model_files(root) -> dict[str, bytes]:
@@ -38,7 +38,7 @@ def file_gets(hub: HubStandIn) -> list[str]:
     return [r.path.rsplit("/", 1)[-1] for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/model", "hf://just-a-name", "hf://org/name@", "hf://a/b/c",
+@pytest.mark.parametrize("uri", ["s3://bucket", "s3:///model", "hf://just-a-name", "hf://org/name@", "hf://a/b/c",
                                  "file://otherhost/models/x", "pvc://claim/models/x", "not a uri"])
 def test_bad_uri_exits_2_with_one_readable_line(uri, tmp_path, capsys):
     assert run_fetch(uri, tmp_path / "out") == 2
@@ -50,6 +50,29 @@ def test_uri_forms_parse_to_repo_and_revision():
     assert fetch.parse_uri("hf://meta-llama/Llama-3.2-1B@v1.0") == fetch.Source("hf", "meta-llama/Llama-3.2-1B", "v1.0")
     assert fetch.parse_uri("hf://org/name") == fetch.Source("hf", "org/name", None)
     assert fetch.parse_uri("file:///models/my%20model") == fetch.Source("file", "/models/my model")
+    assert fetch.parse_uri("s3://models/llama/3b/") == fetch.Source("s3", "models/llama/3b")
+    assert fetch.parse_uri("hf://org/name", revision="v1.0") == fetch.Source("hf", "org/name", "v1.0")
+    assert fetch.parse_uri("hf://org/name@v1.0", revision="v1.0") == fetch.Source("hf", "org/name", "v1.0")
+
+
+@pytest.mark.parametrize("uri, revision, expected", [
+    ("hf://org/name@v1", "v2", "'hf://org/name@v1' names revision 'v1' but --revision is 'v2'"),
+    ("s3://bucket/model", "v1", "--revision 'v1' applies to hf:// only, not 's3://bucket/model'"),
+    ("file:///models/x", "v1", "--revision 'v1' applies to hf:// only, not 'file:///models/x'"),
+])
+def test_revision_that_cannot_apply_exits_2_with_one_line(uri, revision, expected, tmp_path, capsys):
+    assert run_fetch(uri, tmp_path / "out", revision=revision) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"inferfleet-runtime fetch: error: {expected}")
+
+
+def test_revision_flag_selects_the_hub_revision(hub, tmp_path, capsys):
+    assert run_fetch(f"hf://{REPO}", tmp_path / "a", revision=COMMIT) == 0
+    assert model_files(tmp_path / "a") == hub.files()
+    assert any(r.path == f"/api/models/{REPO}/revision/{COMMIT}" for r in hub.requests)
+    assert run_fetch(f"hf://{REPO}", tmp_path / "b", revision="v9") == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@v9: revision not found")
 
 
 def test_file_uri_copies_the_directory_and_keeps_complete_files_on_rerun(demo_model_dir, tmp_path):
@@ -161,3 +184,37 @@ def test_flags_the_fetch_does_not_know_are_the_termination_message_too(tmp_path,
     assert exit_info.value.code == 2
     assert termination_log.read_text() == \
         "inferfleet-runtime fetch: error: unrecognized arguments: --no-such-flag x"
+
+
+def test_gated_model_is_fetched_with_hf_token_and_the_token_is_never_printed(hub, tmp_path, capfd):
+    hub.required_token = "hf_local_test_token"
+    out = tmp_path / "out"
+    assert run_fetch(f"hf://{REPO}", out) == 0
+    assert model_files(out) == hub.files()
+    refused = [r for r in hub.requests if "authorization" not in r.headers]
+    assert refused == []
+    captured = capfd.readouterr()
+    assert "hf_local_test_token" not in captured.err + captured.out
+
+
+def test_gated_model_without_hf_token_fails_naming_hf_token_and_the_secret(hub, tmp_path, capfd, monkeypatch):
+    hub.required_token = "hf_local_test_token"
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token saved by `hf auth login` either
+    assert run_fetch(f"hf://{REPO}", tmp_path / "out") == 1
+    [line] = capfd.readouterr().err.strip().splitlines()
+    assert line == (f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@main: access refused (gated or"
+                    " private model) and HF_TOKEN is not set: put HF_TOKEN in the Secret named by"
+                    " spec.model.credentialsSecret")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_gated_model_with_a_wrong_token_fails_without_printing_it(hub, tmp_path, capfd, monkeypatch):
+    hub.required_token = "hf_local_test_token"
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong_secret_value")
+    assert run_fetch(f"hf://{REPO}", tmp_path / "out") == 1
+    captured = capfd.readouterr()
+    [line] = captured.err.strip().splitlines()
+    assert line.endswith("access refused with the token in HF_TOKEN (from the Secret named by"
+                         " spec.model.credentialsSecret): check it is valid and has access")
+    assert "hf_wrong_secret_value" not in captured.err + captured.out

@@ -1,0 +1,81 @@
+"""A gated model fetched with the token from the service's credentials Secret, as the operator renders it.
+
+KWOK runs no containers, so the pod's `fetch-model` init container is read back from the Deployment the
+operator wrote and run here as a process: its command and args as rendered (paths under /models and /tmp
+remapped to a temporary folder), the Secret's keys (read from the API as admin) as its environment, as the
+kubelet would give them, against the stand-in Hub on loopback that refuses requests without the token.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import Cluster, wait_for
+from operator_process import service_manifest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime"))
+from hub_standin import HubStandIn  # noqa: E402  (the Hub stand-in shared with the runtime tests)
+
+pytestmark = pytest.mark.e2e
+
+REPO = "inferfleet/gated"
+TOKEN = "hf_e2e_gated_token"
+
+
+def _remap(value: str, root: Path) -> str:
+    for mount in ("/models", "/tmp"):
+        if value == mount or value.startswith(mount + "/"):
+            return str(root / mount.strip("/")) + value[len(mount):]
+    return value
+
+
+def _run_init_container(cluster: Cluster, namespace: str, container: dict, root: Path, endpoint: str):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "AWS_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update({item["name"]: _remap(item["value"], root) for item in container.get("env", [])})
+    for source in container.get("envFrom", []):
+        secret = cluster.get("secret", source["secretRef"]["name"], namespace) or {}
+        env.update({k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()})
+    env["HF_ENDPOINT"] = endpoint   # a pod would reach huggingface.co
+    for mount in ("models", "tmp"):
+        (root / mount).mkdir(parents=True, exist_ok=True)
+    argv = container["command"] + [_remap(a, root) for a in container["args"]] + ["--no-progress"]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=root / "tmp")
+
+
+def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(cluster: Cluster, ns, tmp_path):
+    from inferfleet_runtime.demo_model import ensure_demo_model
+
+    hub = HubStandIn(REPO, ensure_demo_model(), required_token=TOKEN)
+    endpoint = hub.start()
+    try:
+        cluster.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hub-token"},
+                       "stringData": {"HF_TOKEN": TOKEN}}, namespace=ns)
+        applied = cluster.apply(service_manifest("gated", placement={"vendors": ["cpu"]}, model={
+            "name": "gated", "uri": f"hf://{REPO}", "credentialsSecret": "hub-token"}), namespace=ns, check=False)
+        if 'unknown field "spec.model.credentialsSecret"' in applied.stderr:
+            pytest.skip("spec.model.credentialsSecret is not in this CRD yet")
+        assert applied.returncode == 0, applied.stderr
+        deployment = wait_for(lambda: cluster.get("deployment", "gated-cpu-amd64", ns), timeout=60,
+                              message="the operator's Deployment")
+        [init] = deployment["spec"]["template"]["spec"]["initContainers"]
+        assert init["envFrom"] == [{"secretRef": {"name": "hub-token"}}]
+
+        done = _run_init_container(cluster, ns, init, tmp_path / "pod", endpoint)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert TOKEN not in done.stdout + done.stderr
+        to = Path(_remap(init["args"][init["args"].index("--to") + 1], tmp_path / "pod"))
+        assert {p.name: p.read_bytes() for p in to.iterdir() if p.is_file()} == hub.files()
+
+        init_without = {**init, "envFrom": []}   # the same container without the Secret is refused
+        refused = _run_init_container(cluster, ns, init_without, tmp_path / "refused", endpoint)
+        assert refused.returncode == 1 and "HF_TOKEN is not set" in refused.stderr
+    finally:
+        cluster.kubectl("delete", "inferenceservice", "gated", "-n", ns, "--timeout=30s", check=False)
+        hub.stop()

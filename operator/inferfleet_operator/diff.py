@@ -1,0 +1,107 @@
+"""Pure decisions about applied manifests: would an apply change anything, digests, object trimming."""
+
+from __future__ import annotations
+
+import decimal
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+APPLIED_HASH_ANNOTATION = "inferfleet.dev/applied-hash"
+
+# --- deciding whether an apply would change anything (so that a no-op resync writes nothing) ---
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[a-zA-Z]{0,2})$")
+_SUFFIXES = {"": 1, "m": decimal.Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9,
+             "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+             "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_quantity(value: Any) -> decimal.Decimal | None:
+    """A Kubernetes quantity ("500m", "8Gi", 2) as a number; None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return decimal.Decimal(str(value))
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY.match(value)
+    if not match:
+        return None
+    number, suffix = match.groups()
+    try:
+        if suffix[:1] in ("e", "E"):
+            return decimal.Decimal(number + suffix)
+        if suffix not in _SUFFIXES:
+            return None
+        return decimal.Decimal(number) * _SUFFIXES[suffix]
+    except decimal.InvalidOperation:
+        return None
+
+
+def is_subset(desired: Any, live: Any) -> bool:
+    """Whether every field of `desired` is already in `live` with the same value.
+
+    The API server adds defaults, drops empty values and writes quantities in canonical form
+    ("1000m" -> "1"), so those differences do not count. Lists compare element by element.
+    """
+    if desired is None or desired == {}:
+        return True  # applying an empty map or null changes nothing that is set
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(is_subset(v, live.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(live, list):
+            return not desired and live is None
+        return len(desired) == len(live) and all(is_subset(d, v) for d, v in zip(desired, live))
+    if desired == live:
+        return True
+    if isinstance(desired, (str, int, float)) and isinstance(live, (str, int, float)):
+        left, right = parse_quantity(desired), parse_quantity(live)
+        return left is not None and left == right
+    return False
+
+
+def applied_hash(desired: dict) -> str:
+    """A digest of a desired manifest, recorded on the object when it is applied."""
+    body = json.dumps(desired, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def with_applied_hash(desired: dict) -> dict:
+    """The manifest to apply: `desired` plus the digest annotation that `needs_apply` reads."""
+    meta = dict(desired["metadata"])
+    meta["annotations"] = {**(meta.get("annotations") or {}),
+                           APPLIED_HASH_ANNOTATION: applied_hash(desired)}
+    return {**desired, "metadata": meta}
+
+
+def needs_apply(desired: dict, live: dict | None) -> bool:
+    """Whether server-side applying `desired` would change the live object.
+
+    Two checks: the digest annotation changes when the operator's own manifest changes (this also
+    catches fields the operator stopped setting, which an apply removes), and the subset check
+    catches drift: a field the operator owns that was edited or removed by someone else.
+    """
+    if live is None:
+        return True
+    annotations = live.get("metadata", {}).get("annotations") or {}
+    if annotations.get(APPLIED_HASH_ANNOTATION) != applied_hash(desired):
+        return True
+    body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "status")}
+    return not is_subset(body, live)
+
+
+def strip_object(obj: dict, keep_status: bool = True) -> dict:
+    """A copy without managedFields (large, and never needed by the planner)."""
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
+    out = {k: v for k, v in obj.items() if k != "metadata" and (keep_status or k != "status")}
+    out["metadata"] = meta
+    return out
+
+
+def owner_keys(obj: dict) -> Iterable[tuple[str, str]]:
+    """(kind, name) of each owner named in an object's ownerReferences."""
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        yield ref.get("kind", ""), ref.get("name", "")
