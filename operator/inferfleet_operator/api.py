@@ -21,6 +21,8 @@ BLOCK_SIZES = (8, 16, 32, 64)
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 URI_SCHEMES = ("pvc", "hf", "file", "s3")
 BUILD_STATES = ("Pending", "Building", "Ready", "Failed")
+INFERENCE_POOL_MODES = ("Auto", "Enabled", "Disabled")
+FAILURE_MODES = ("FailOpen", "FailClose")
 
 # Inclusive bounds, shared by the CRD schema (crdgen) and the models.
 BOUNDS = {
@@ -31,6 +33,12 @@ BOUNDS = {
     "max_attempts": (1, 10),
     "backoff_seconds": (1, 3600),
     "priority": (-1000, 1000),
+    "min_replicas": (1, 1000),  # scale to zero is not supported: a first request would have nothing to wait on
+    "max_replicas": (1, 1000),
+    "target_waiting_requests": (1, 10_000),
+    "target_kv_cache_usage_percent": (1, 100),
+    "scale_down_stabilization_seconds": (0, 3600),
+    "port": (1, 65535),
 }
 
 _CAMEL_OVERRIDES: dict[str, str] = {}  # snake -> camel where the generic rule is wrong (none yet)
@@ -105,6 +113,34 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class EndpointPicker:
+    """The endpoint picker (GAIE extension) a gateway asks which pod of the InferencePool serves a request."""
+
+    name: str
+    port: int
+    kind: str = "Service"
+    group: str = ""
+    failure_mode: str = "FailClose"
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    inference_pool: str = "Auto"  # Auto: emitted when the GAIE CRD is served; Enabled; Disabled
+    endpoint_picker: EndpointPicker | None = None
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """Replicas follow the pods' own load metrics; spec.replicas is then only the starting point."""
+
+    max_replicas: int
+    min_replicas: int = 1
+    target_waiting_requests: int | None = None  # queued requests per replica
+    target_kv_cache_usage_percent: int | None = None  # KV cache blocks in use, percent, averaged over replicas
+    scale_down_stabilization_seconds: int = 300
+
+
+@dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
     engine: EngineEnvelope = field(default_factory=EngineEnvelope)
@@ -113,6 +149,8 @@ class InferenceServiceSpec:
     pools: tuple[PoolOverride, ...] = ()  # per-pool replica overrides
     placement: Placement = field(default_factory=Placement)
     resources: Resources = field(default_factory=Resources)
+    routing: RoutingSpec = field(default_factory=RoutingSpec)
+    autoscaling: AutoscalingSpec | None = None
 
 
 # ---------------------------------------------------------------- InferenceRuntime
@@ -308,7 +346,20 @@ def parse_service(obj: dict) -> InferenceService:
         raise SpecError("spec.model.uri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH or s3://BUCKET/KEY")
     if spec.engine.tensor_parallel_size != spec.resources.gpus_per_replica:
         raise SpecError("spec.engine.tensorParallelSize must equal spec.resources.gpusPerReplica")
+    _check_autoscaling(spec)
     return InferenceService(meta=_meta(obj), spec=spec, status=dict(obj.get("status") or {}))
+
+
+def _check_autoscaling(spec: InferenceServiceSpec) -> None:
+    scaling = spec.autoscaling
+    if scaling is None:
+        return
+    if scaling.min_replicas > scaling.max_replicas:
+        raise SpecError("spec.autoscaling.minReplicas must be at most spec.autoscaling.maxReplicas")
+    if scaling.target_waiting_requests is None and scaling.target_kv_cache_usage_percent is None:
+        raise SpecError("spec.autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent")
+    if spec.pools:
+        raise SpecError("spec.pools (fixed per-pool replicas) cannot be combined with spec.autoscaling")
 
 
 def parse_runtime(obj: dict) -> InferenceRuntime:
