@@ -100,6 +100,9 @@ CRDs they are left to the next upgrade (NOTES.txt says so).
 {{- with include "inferfleet.engineCache.claim" . }}
 - --engine-cache-claim={{ . }}
 {{- end }}
+{{- if not .Values.routing.inferencePools }}
+- --inference-pools=disabled
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -119,7 +122,11 @@ files/rbac/permissions.yaml (a copy kept equal by tests/charts). It already hold
 peering kinds, used when several pods elect a leader.
 */}}
 {{- define "inferfleet.rules.all" -}}
-{{- .Files.Get "files/rbac/permissions.yaml" | fromYamlArray | toJson -}}
+{{- $rules := .Files.Get "files/rbac/permissions.yaml" | fromYamlArray -}}
+{{- if .Values.routing.inferencePools -}}
+{{- $rules = concat $rules (.Files.Get "files/rbac/routing-permissions.yaml" | fromYamlArray) -}}
+{{- end -}}
+{{- $rules | toJson -}}
 {{- end -}}
 
 {{/*
