@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from .api import AutoscalingSpec
 
 TOLERANCE = 0.1  # the HPA's default: a usage ratio within 10% of 1 changes nothing
+_EPSILON = 1e-9  # so that a ratio of exactly 1.1 (2.2 / 2 in floats: 1.1000000000000001) is inside the band
 
 WAITING = "inferfleet:num_requests_waiting"
 KV_USAGE = "inferfleet:kv_cache_usage_perc"
@@ -81,14 +82,14 @@ def replicas_for_metric(current: int, values: list[float | None], target: float)
         return current, None
     average = sum(present) / len(present)
     ratio = average / target
-    if abs(ratio - 1.0) <= TOLERANCE:
+    if abs(ratio - 1.0) <= TOLERANCE + _EPSILON:
         return current, average
     num_missing = len(values) - len(present)
     if num_missing == 0:
         return math.ceil(ratio * len(present)), average
     fill = 0.0 if ratio > 1.0 else target
     new_ratio = (sum(present) + fill * num_missing) / len(values) / target
-    if abs(new_ratio - 1.0) <= TOLERANCE or (new_ratio > 1.0) != (ratio > 1.0):
+    if abs(new_ratio - 1.0) <= TOLERANCE + _EPSILON or (new_ratio > 1.0) != (ratio > 1.0):
         return current, average
     return math.ceil(new_ratio * len(values)), average
 

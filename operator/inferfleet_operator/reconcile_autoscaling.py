@@ -96,7 +96,8 @@ async def autoscale(ctx, service_obj: dict, plan_status: dict, capacities: dict[
     pods = [p for p in await ctx.kube.list("v1", "Pod", meta["namespace"], label_selector=selector)
             if not p["metadata"].get("deletionTimestamp")]
     ready = [p for p in pods if _is_ready(p)]
-    metrics = await scrape_pods(ctx.scraper, ready, ctx.plan_settings.port, ctx.config.scrape_url_template)
+    metrics = await scrape_pods(ctx.scraper, ready, ctx.plan_settings.port, ctx.config.scrape_url_template,
+                                ctx.config.scrape_timeout_seconds)
     by_pool: dict[str, list] = {}
     for pod, value in zip(ready, metrics):
         by_pool.setdefault((pod["metadata"].get("labels") or {}).get(POOL_LABEL, ""), []).append(value)

@@ -37,19 +37,20 @@ def pod_url(pod: dict, port: int, template: str = DEFAULT_URL_TEMPLATE) -> str |
                            pool=(meta.get("labels") or {}).get("inferfleet.dev/pool", ""))
 
 
-async def _scrape_one(http: httpx.AsyncClient, url: str | None) -> PodMetrics | None:
+async def _scrape_one(http: httpx.AsyncClient, url: str | None, timeout: float) -> PodMetrics | None:
     if url is None:
         return None
     try:
-        response = await http.get(url)
+        response = await asyncio.wait_for(http.get(url), timeout)
         response.raise_for_status()
         metrics = parse_metrics(response.text)
-    except (httpx.HTTPError, ValueError) as error:
+    except (httpx.HTTPError, ValueError, asyncio.TimeoutError) as error:
         logger.debug("Failed to scrape %s: %s", url, error)
         return None
     return None if metrics.waiting is None and metrics.kv_usage is None else metrics
 
 
-async def scrape_pods(http: httpx.AsyncClient, pods: list[dict], port: int, template: str = DEFAULT_URL_TEMPLATE) -> list[PodMetrics | None]:
-    """One entry per pod, in order, scraped concurrently; the client's timeout bounds each request."""
-    return list(await asyncio.gather(*(_scrape_one(http, pod_url(pod, port, template)) for pod in pods)))
+async def scrape_pods(http: httpx.AsyncClient, pods: list[dict], port: int, template: str = DEFAULT_URL_TEMPLATE,
+                      timeout: float = 2.0) -> list[PodMetrics | None]:
+    """One entry per pod, in order, scraped concurrently; `timeout` seconds bound each pod's whole request."""
+    return list(await asyncio.gather(*(_scrape_one(http, pod_url(pod, port, template), timeout) for pod in pods)))
