@@ -30,7 +30,7 @@ def pod_url(pod: dict, port: int, template: str = DEFAULT_URL_TEMPLATE) -> str |
     """Where a pod's /metrics is: the template filled with {ip}, {port}, {namespace}, {pod}, {pool}.
     The default is the pod IP; tests point it at a stand-in on loopback (--scrape-url-template)."""
     ip = (pod.get("status") or {}).get("podIP")
-    if not ip:
+    if not ip and "{ip}" in template:
         return None
     meta = pod.get("metadata") or {}
     return template.format(ip=ip, port=port, namespace=meta.get("namespace", ""), pod=meta.get("name", ""),
