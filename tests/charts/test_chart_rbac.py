@@ -77,7 +77,7 @@ def test_rbac_can_be_left_to_the_platform(render, of_kind):
 
 
 def test_inference_pools_are_absent_from_rbac_unless_routing_turns_them_on(render, one, of_kind):
-    off = render()
+    off = render({"routing": {"inferencePools": False}})
     assert "inferencepools" not in str(one(off, "ClusterRole")["rules"])
     assert "--inference-pools=disabled" in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     on = render({"routing": {"inferencePools": True}})
@@ -91,3 +91,10 @@ def test_inference_pools_are_absent_from_rbac_unless_routing_turns_them_on(rende
 def test_chart_copy_of_routing_permissions_is_current():
     copy = yaml.safe_load((CHART / "files" / "rbac" / "routing-permissions.yaml").read_text())
     assert copy == ROUTING_PERMISSIONS, f"charts/inferfleet/files/rbac/routing-permissions.yaml is stale: run {SYNC}"
+
+
+def test_inference_pools_on_auto_follow_whether_the_cluster_serves_the_crd(render, one):
+    assert "inferencepools" not in str(one(render(), "ClusterRole")["rules"]), "auto without the CRD: off"
+    objects = render(also_served=("inference.networking.k8s.io/v1/InferencePool",))
+    assert one(objects, "ClusterRole")["rules"] == PERMISSIONS + ROUTING_PERMISSIONS
+    assert "--inference-pools=disabled" not in one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
