@@ -124,3 +124,13 @@ def test_routing_and_autoscaling_flags_parse_and_bad_ones_are_refused_naming_the
     with pytest.raises(SystemExit):
         parse_args(["--autoscale-seconds=0"], default_instance="x")
     assert "--autoscale-seconds" in capsys.readouterr().err
+
+
+def test_the_inference_pool_crd_is_watched_only_when_inference_pools_are_on():
+    def watched(argv):
+        registry = kopf.OperatorRegistry()
+        register(registry, parse_args(argv, default_instance="x"), Metrics())
+        return {h.selector.any_name for h in registry._watching.get_all_handlers() if h.selector}
+
+    assert "customresourcedefinitions" in watched([])
+    assert "customresourcedefinitions" not in watched(["--inference-pools=disabled"])
