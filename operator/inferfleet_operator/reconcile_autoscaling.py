@@ -14,6 +14,8 @@ from .kube import parse_quantity
 from .manifests import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL, deployment_name
 from .scrape import scrape_pods
 
+DEPLOYMENTS = "deployment_index"  # reconcile.DEPLOYMENTS (reconcile imports this module, not the reverse)
+
 
 @dataclasses.dataclass
 class ScalingState:
@@ -58,7 +60,7 @@ def _free_capacities(ctx, namespace: str, name: str, spec: api.InferenceServiceS
         if pool is None or pool.vendor == "cpu":
             out[pool_name] = capacity
             continue
-        used = sum(_gpus(d) for d in ctx.all_values("deployment_index")
+        used = sum(_gpus(d) for d in ctx.all_values(DEPLOYMENTS)
                    if (d["metadata"].get("labels") or {}).get(POOL_LABEL) == pool_name
                    and ((d["metadata"].get("labels") or {}).get(SERVICE_LABEL), d["metadata"].get("namespace")) != (name, namespace))
         out[pool_name] = autoscaling.free_capacity(sum(pool.node_gpus), used, spec.resources.gpus_per_replica, capacity)
@@ -105,7 +107,7 @@ async def autoscale(ctx, service_obj: dict, plan_status: dict, capacities: dict[
         if not _is_ready(pod):
             by_pool.setdefault((pod["metadata"].get("labels") or {}).get(POOL_LABEL, ""), []).append(None)
     free = _free_capacities(ctx, meta["namespace"], meta["name"], service.spec, capacities)
-    deployments = {d["metadata"]["name"]: d for d in ctx.values("deployment_index", key)}
+    deployments = {d["metadata"]["name"]: d for d in ctx.values(DEPLOYMENTS, key)}
     loads = []
     for entry in plan_status.get("pools", []):
         live = deployments.get(deployment_name(meta["name"], entry["name"]))

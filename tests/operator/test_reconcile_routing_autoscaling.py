@@ -147,3 +147,42 @@ def test_a_service_without_autoscaling_never_lists_pods():
     world = World([_service()])
     world.reconcile()
     assert ("GET", "Pod") not in world.api.reads
+
+
+def test_gpus_another_service_holds_in_the_pool_cap_the_scale_up():
+    service = _service()
+    service["spec"].pop("pools")
+    service["spec"]["replicas"] = 1
+    service["spec"]["runtime"] = {"policy": "Paged"}
+    service["spec"]["placement"] = {"vendors": ["nvidia"]}
+    service["spec"]["autoscaling"] = {"maxReplicas": 8, "targetWaitingRequests": 1}
+    world = World([service])
+    world.api.objects[("Deployment", "team-b", "other-nvidia-h100-80gb-hbm3")] = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "other-nvidia-h100-80gb-hbm3", "namespace": "team-b",
+                     "labels": {"inferfleet.dev/service": "other", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"}},
+        "spec": {"replicas": 6, "template": {"spec": {"containers": [{"name": "server", "resources": {"limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}}]}}},
+    }  # fmt: skip
+    world.ctx.scraper = httpx.AsyncClient(transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, text="inferfleet:num_requests_waiting 20\n")))
+    world.ctx.config = dataclasses.replace(world.ctx.config, autoscale_seconds=0.0, scrape_url_template="http://stand-in/{pod}")
+    world.sync()
+    world.reconcile()
+    world.sync()
+    world.api.objects[("Pod", "team-a", "pod-0")] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pod-0", "namespace": "team-a",
+                     "labels": {"inferfleet.dev/service": "llama", "app.kubernetes.io/component": "server", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"}},
+        "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }  # fmt: skip
+    world.reconcile()
+    # 8 GPUs, 6 held by the other service: 2 replicas fit, though the pool's size is 8 and the formula asks 20.
+    assert world.get("Deployment", "llama-nvidia-h100-80gb-hbm3")["spec"]["replicas"] == 2
+    (entry,) = world.get("InferenceService", "llama")["status"]["autoscaling"]["pools"]
+    assert entry["reason"] == "CapacityLimited"
+
+
+def test_the_deployment_index_name_is_the_reconciles():
+    from inferfleet_operator import reconcile_autoscaling
+
+    assert reconcile_autoscaling.DEPLOYMENTS == reconcile.DEPLOYMENTS
