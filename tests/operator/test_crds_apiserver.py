@@ -135,3 +135,22 @@ def test_the_pinned_gaie_crd_admits_the_golden_inference_pools(kubectl):
         pool["metadata"]["namespace"] = "default"
         result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pool))
         assert result.returncode == 0, (path.name, result.stderr)
+
+
+def test_routing_and_autoscaling_status_round_trip_unpruned(kubectl):
+    spec = {"autoscaling": {"maxReplicas": 4, "targetWaitingRequests": 2}, "routing": {"endpointPicker": {"name": "epp", "port": 9002}}}
+    created = kubectl("apply", "-f", "-", stdin=_service(**spec).replace('"name": "llama", "namespace"', '"name": "scaled", "namespace"'))
+    assert created.returncode == 0, created.stderr
+    stored = json.loads(kubectl("get", "infsvc", "scaled", "-n", "default", "-o", "json").stdout)
+    assert stored["spec"]["autoscaling"] == {"minReplicas": 1, "maxReplicas": 4, "targetWaitingRequests": 2, "scaleDownStabilizationSeconds": 300}
+    assert stored["spec"]["routing"] == {"inferencePool": "Auto", "endpointPicker": {"name": "epp", "port": 9002, "kind": "Service", "group": "", "failureMode": "FailClose"}}
+    status = {
+        "routing": {"inferencePool": "scaled", "apiVersion": "inference.networking.k8s.io/v1", "reason": "InferencePoolApplied", "message": "m",
+                    "pools": ["cpu-amd64", "nvidia-h100"]},
+        "autoscaling": {"lastScaleTime": "2026-12-03T12:00:00Z",
+                        "pools": [{"name": "cpu-amd64", "currentReplicas": 1, "desiredReplicas": 3, "metric": "inferfleet:num_requests_waiting",
+                                   "value": "5", "target": "2", "reason": "ScaledUp"}]},
+    }  # fmt: skip
+    patched = kubectl("patch", "infsvc", "scaled", "-n", "default", "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+    assert patched.returncode == 0, patched.stderr
+    assert json.loads(kubectl("get", "infsvc", "scaled", "-n", "default", "-o", "json").stdout)["status"] == status
