@@ -25,7 +25,9 @@ def operator(cluster, tmp_path_factory):
     """The operator with the routing RBAC (permissions.ROUTING_PERMISSIONS) on top of the base rules."""
     from inferfleet_operator.permissions import ROUTING_PERMISSIONS
 
-    cluster.kubectl("delete", "-f", str(GAIE_CRD), "--ignore-not-found", "--wait=true")
+    # The first test starts without the CRD (a cluster just brought up may still refuse for a moment).
+    wait_for(lambda: cluster.kubectl("delete", "-f", str(GAIE_CRD), "--ignore-not-found", "--wait=true", check=False).returncode == 0,
+             timeout=30, message="the InferencePool CRD absent")
     work = tmp_path_factory.mktemp("routing")
     kubeconfig = install(cluster, work)
     cluster.apply([
@@ -114,6 +116,12 @@ def test_a_service_with_routing_disabled_gets_no_pool_and_loses_one_it_had(clust
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
     cluster.apply(service_manifest("quiet", placement={"vendors": ["cpu"]}), namespace=ns)
     wait_for(lambda: cluster.get("inferencepool", "quiet", ns), timeout=45, message="the InferencePool (routing Auto)")
+    wait_for(lambda: _routing(cluster, ns, "quiet").get("pools") == ["cpu-amd64"], timeout=30, message="status.routing settled")
+    applies = operator.writes_by_kind().get("apply InferencePool", 0)
+    reconciles = operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
+    wait_for(lambda: operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService") >= reconciles + 3, timeout=30,
+             message="three more service reconciles (resyncs)")
+    assert operator.writes_by_kind().get("apply InferencePool", 0) == applies, "a resync re-applies an unchanged InferencePool"
     cluster.kubectl("patch", "inferenceservice", "quiet", "-n", ns, "--type=merge", "-p",
                     json.dumps({"spec": {"routing": {"inferencePool": "Disabled"}}}))
     wait_for(lambda: cluster.get("inferencepool", "quiet", ns) is None, timeout=30, message="the InferencePool deleted")
