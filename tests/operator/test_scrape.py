@@ -26,6 +26,7 @@ def test_pod_url_fills_the_template_and_a_pod_without_an_ip_has_none():
     assert pod_url(_pod("a"), 8000) == "http://10.0.0.1:8000/metrics"
     assert pod_url(_pod("a"), 8000, "http://127.0.0.1:9999/{namespace}/{pool}/{pod}") == "http://127.0.0.1:9999/team-a/nvidia-h100/a"
     assert pod_url(_pod("a", ip=None), 8000) is None
+    assert pod_url(_pod("a", ip=None), 8000, "http://127.0.0.1:9999/{pod}") == "http://127.0.0.1:9999/a", "no {ip}: no IP needed"
 
 
 def test_a_pod_that_errors_stalls_or_lacks_the_metrics_counts_as_missing():
@@ -42,7 +43,7 @@ def test_a_pod_that_errors_stalls_or_lacks_the_metrics_counts_as_missing():
     async def run():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=30) as http:
             pods = [_pod(n) for n in ("ok", "broken", "other", "slow")] + [_pod("no-ip", ip=None)]
-            return await scrape_pods(http, pods, 8000, "http://stand-in/{pod}", timeout=0.2)
+            return await scrape_pods(http, pods, 8000, "http://{ip}/{pod}", timeout=0.2)
 
     ok, broken, other, slow, no_ip = asyncio.run(run())
     assert ok == PodMetrics(waiting=3.0, kv_usage=None)
