@@ -186,3 +186,14 @@ def test_the_deployment_index_name_is_the_reconciles():
     from inferfleet_operator import reconcile_autoscaling
 
     assert reconcile_autoscaling.DEPLOYMENTS == reconcile.DEPLOYMENTS
+
+
+def test_routing_enabled_without_the_crd_posts_one_warning_and_auto_posts_none():
+    enabled = _routed(inferencePool="Enabled")
+    enabled.reconcile()
+    enabled.reconcile()
+    warnings = [e for e in enabled.api.events if e["reason"] == "InferencePoolCRDAbsent"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+    auto = _routed()
+    auto.reconcile()
+    assert not [e for e in auto.api.events if e["reason"] == "InferencePoolCRDAbsent"]

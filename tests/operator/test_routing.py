@@ -105,3 +105,12 @@ def test_the_vendored_gaie_crd_serves_the_api_version_the_operator_writes():
     for name in SCENARIOS:  # every field the operator writes exists in the pinned schema
         spec = yaml.safe_load((GOLDEN / f"{name}.yaml").read_text())["spec"]
         assert set(spec) <= set(schema["properties"]["spec"]["properties"]), name
+
+
+def test_the_vendored_crd_is_the_release_vendor_sh_pins():
+    import re
+
+    pinned = re.search(r'VERSION="\$\{1:-(v[0-9.]+)\}"', (VENDORED.parent / "vendor.sh").read_text()).group(1)
+    crd = yaml.safe_load(VENDORED.read_text())
+    assert crd["metadata"]["annotations"]["inference.networking.k8s.io/bundle-version"] == pinned
+    assert f"@{pinned}" in VENDORED.read_text().splitlines()[0]
