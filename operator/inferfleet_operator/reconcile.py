@@ -150,6 +150,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     indexed = next(iter(ctx.values(SERVICES, (namespace, name))), None)
     service = ctx.fresher("InferenceService", indexed, namespace, name)
     if service is None or service["metadata"].get("deletionTimestamp"):
+        ctx.scaling.pop((namespace, name), None)  # its autoscaling history goes with it
         return None  # children go with their owner (ownerReferences); builds by reference GC
     builds_by_key = {b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b
                      for b in _builds(ctx, namespace)}

@@ -197,3 +197,13 @@ def test_routing_enabled_without_the_crd_posts_one_warning_and_auto_posts_none()
     auto = _routed()
     auto.reconcile()
     assert not [e for e in auto.api.events if e["reason"] == "InferencePoolCRDAbsent"]
+
+
+def test_a_deleted_service_leaves_no_autoscaling_history_behind():
+    world = _autoscaled({})
+    world.reconcile()
+    assert ("team-a", "llama") in world.ctx.scaling
+    del world.api.objects[("InferenceService", "team-a", "llama")]
+    world.sync()
+    world.reconcile()
+    assert ("team-a", "llama") not in world.ctx.scaling
