@@ -21,6 +21,8 @@ BLOCK_SIZES = (8, 16, 32, 64)
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 URI_SCHEMES = ("pvc", "hf", "file", "s3")
 BUILD_STATES = ("Pending", "Building", "Ready", "Failed")
+INFERENCE_POOL_MODES = ("Auto", "Enabled", "Disabled")
+FAILURE_MODES = ("FailOpen", "FailClose")
 
 # Inclusive bounds, shared by the CRD schema (crdgen) and the models.
 BOUNDS = {
@@ -32,6 +34,12 @@ BOUNDS = {
     "backoff_seconds": (1, 3600),
     "priority": (-1000, 1000),
     "build_deadline_seconds": (60, 7 * 86400),
+    "min_replicas": (1, 1000),  # scale to zero is not supported: a first request would have nothing to wait on
+    "max_replicas": (1, 1000),
+    "target_waiting_requests": (1, 10_000),
+    "target_kv_cache_usage_percent": (1, 100),
+    "scale_down_stabilization_seconds": (0, 3600),
+    "port": (1, 65535),
 }
 
 _CAMEL_OVERRIDES: dict[str, str] = {}  # snake -> camel where the generic rule is wrong (none yet)
@@ -130,6 +138,34 @@ class BuildSpec:
 
 
 @dataclass(frozen=True)
+class EndpointPicker:
+    """The endpoint picker (GAIE extension) a gateway asks which pod of the InferencePool serves a request."""
+
+    name: str
+    port: int
+    kind: str = "Service"
+    group: str = ""
+    failure_mode: str = "FailClose"
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    inference_pool: str = "Auto"  # Auto: emitted when the GAIE CRD is served; Enabled; Disabled
+    endpoint_picker: EndpointPicker | None = None
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """Replicas follow the pods' own load metrics; spec.replicas is then only the starting point."""
+
+    max_replicas: int
+    min_replicas: int = 1
+    target_waiting_requests: int | None = None  # queued requests per replica
+    target_kv_cache_usage_percent: int | None = None  # KV cache blocks in use, percent, averaged over replicas
+    scale_down_stabilization_seconds: int = 300
+
+
+@dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
     engine: EngineEnvelope = field(default_factory=EngineEnvelope)
@@ -139,6 +175,8 @@ class InferenceServiceSpec:
     placement: Placement = field(default_factory=Placement)
     resources: Resources = field(default_factory=Resources)
     build: BuildSpec = field(default_factory=BuildSpec)
+    routing: RoutingSpec = field(default_factory=RoutingSpec)
+    autoscaling: AutoscalingSpec | None = None
 
 
 # ---------------------------------------------------------------- InferenceRuntime
@@ -340,7 +378,20 @@ def parse_service(obj: dict) -> InferenceService:
         raise SpecError("spec.engine.tensorParallelSize must equal spec.resources.gpusPerReplica")
     if sum(o.replicas for o in spec.pools) > spec.replicas:
         raise SpecError("spec.pools: the sum of pools[].replicas must be at most spec.replicas")
+    _check_autoscaling(spec)
     return InferenceService(meta=_meta(obj), spec=spec, status=dict(obj.get("status") or {}))
+
+
+def _check_autoscaling(spec: InferenceServiceSpec) -> None:
+    scaling = spec.autoscaling
+    if scaling is None:
+        return
+    if scaling.min_replicas > scaling.max_replicas:
+        raise SpecError("spec.autoscaling.minReplicas must be at most spec.autoscaling.maxReplicas")
+    if scaling.target_waiting_requests is None and scaling.target_kv_cache_usage_percent is None:
+        raise SpecError("spec.autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent")
+    if spec.pools:
+        raise SpecError("spec.pools (fixed per-pool replicas) cannot be combined with spec.autoscaling")
 
 
 def parse_runtime(obj: dict) -> InferenceRuntime:

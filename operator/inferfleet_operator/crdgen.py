@@ -22,6 +22,7 @@ from .api import (
     VERSION,
     default_of,
 )
+from .crdgen_scaling import autoscaling_schema, autoscaling_status_schema, routing_schema, routing_status_schema
 from .crdschema import array, boolean, column, integer, obj, rule, string, string_map
 
 URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.+|hf://[^/]+/[^/]+|file:///.+|s3://[^/]+/.+)$"
@@ -233,6 +234,8 @@ def inference_service() -> dict:
                 default={},
             ),
             "build": build_schema(),
+            "routing": routing_schema(),
+            "autoscaling": autoscaling_schema(),
         },
         required=("model",),
         rules=[
@@ -241,6 +244,8 @@ def inference_service() -> dict:
                  fieldPath=".engine.tensorParallelSize"),
             rule("!has(self.pools) || self.pools.map(p, p.replicas).sum() <= self.replicas",
                  "the sum of pools[].replicas must be at most replicas (the total across pools)", fieldPath=".pools"),
+            rule("!has(self.autoscaling) || !has(self.pools) || size(self.pools) == 0",
+                 "pools (fixed per-pool replicas) cannot be combined with autoscaling", fieldPath=".pools"),
         ],  # fmt: skip
     )
     pool_entry = obj(
@@ -281,6 +286,8 @@ def inference_service() -> dict:
             "unplacedReplicas": integer("Replicas no pool has room for."),
             "pools": array("One entry per chosen pool.", pool_entry, 256, "map", ("name",)),
             "excludedPools": array("Pools left out, with reasons.", excluded, 256, "map", ("name",)),
+            "routing": routing_status_schema(),
+            "autoscaling": autoscaling_status_schema(),
         },
     )
     columns = [

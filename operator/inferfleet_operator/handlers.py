@@ -7,9 +7,10 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 import kopf
 
-from . import builds, findings, reconcile
+from . import builds, findings, reconcile, routing
 from .credentials import Credentials, CredentialsError
 from .kube import Kube, strip_object
 from .metrics import Metrics
@@ -101,7 +102,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                             on_request=metrics.count_request)
         # kopf passes every index under its id; all of ours end in "_index".
         indices = {k: v for k, v in kwargs.items() if k.endswith("_index")}
-        ctx = Context(kube=kube, config=config, metrics=metrics, indices=indices)
+        ctx = Context(kube=kube, config=config, metrics=metrics, indices=indices,
+                      scraper=httpx.AsyncClient(timeout=config.scrape_timeout_seconds))
         queue = WorkQueue(lambda key: _work(ctx, key), concurrency=config.concurrency,
                           debounce=config.debounce_seconds, error_delays=config.error_delays,
                           on_error=lambda key, error: _failed(metrics, key, error))
@@ -125,6 +127,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.queue.stop()
         await memo.ctx.kube.close()
+        await memo.ctx.scraper.aclose()
         logger.info("Stopped operator %s", config.instance)
 
     # ------------------------------------------------------------------ indexes
@@ -273,6 +276,14 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
         memo.ctx.cluster_changed()
         _enqueue_all_services(memo, service_index)
+
+    if config.inference_pools != "disabled":
+        # The GAIE CRD appearing or going: ask discovery again and re-plan every service's routing.
+        @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+                       when=lambda name, **_: name == routing.POOL_CRD, **on)
+        async def pool_crd_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
+            memo.ctx.pool_served = None
+            _enqueue_all_services(memo, service_index)
 
     # Level-triggered safety net: every object is reconciled at least every resync interval.
     @kopf.timer(GROUP_VERSION, "inferenceservices", interval=config.resync_seconds,

@@ -35,6 +35,8 @@ KINDS: dict[str, tuple[str, bool]] = {
     "InferenceService": ("inferenceservices", True),
     "InferenceRuntime": ("inferenceruntimes", False),
     "EngineBuild": ("enginebuilds", True),
+    "Pod": ("pods", True),
+    "InferencePool": ("inferencepools", True),
 }
 
 
@@ -189,6 +191,12 @@ class Kube:
                   name: str) -> dict | None:
         path = resource_path(api_version, kind, namespace, name)
         return await self._request("get", kind, "GET", path, allow_missing=True)
+
+    async def is_served(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves `kind` in `api_version` now (API discovery)."""
+        result = await self._request("get", "Discovery", "GET", f"/apis/{api_version}", allow_missing=True)
+        plural = KINDS[kind][0]
+        return any(r.get("name") == plural for r in (result or {}).get("resources") or [])
 
     async def list(self, api_version: str, kind: str, namespace: str | None = None, *,
                    label_selector: str | None = None) -> list[dict]:

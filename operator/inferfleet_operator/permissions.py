@@ -34,3 +34,10 @@ PERMISSIONS: list[dict] = [
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"], "verbs": ["get", "list", "watch", "patch"]},
 ]
+
+# InferencePools (Gateway API Inference Extension), granted only when the chart turns them on
+# (routing.inferencePools); the operator then runs with --inference-pools=auto. Pods are listed
+# for autoscaling already (the rule above), so routing needs nothing else.
+ROUTING_PERMISSIONS: list[dict] = [
+    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"], "verbs": _APPLIED},
+]

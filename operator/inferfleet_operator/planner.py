@@ -53,6 +53,7 @@ class ServicePlan:
     status: dict = field(default_factory=dict)
     events: list[PlannedEvent] = field(default_factory=list)
     requeue_after: float | None = None
+    capacities: dict[str, int] = field(default_factory=dict)  # pool name -> replicas of this service that fit it
 
 
 @dataclass(frozen=True)
@@ -315,8 +316,10 @@ def plan_service_in(
     deployments: dict[str, dict],
     now: datetime,
     settings: PlanSettings = DEFAULT_SETTINGS,
+    replica_overrides: dict[str, int] | None = None,
 ) -> ServicePlan:
-    """plan_service over a precomputed ClusterView."""
+    """plan_service over a precomputed ClusterView. replica_overrides: pool name -> replicas, over the spec's
+    (the autoscaler's decisions)."""
     service = parse_service(service_obj)
     spec = service.spec
     usable, excluded = [], []
@@ -327,7 +330,7 @@ def plan_service_in(
     excluded += not_chosen
 
     capacities = {ch.pool.name: pool_capacity(ch.pool, spec.resources.gpus_per_replica, spec.resources.cpu) for ch in choices}
-    overrides = {o.name: o.replicas for o in spec.pools}
+    overrides = {o.name: o.replicas for o in spec.pools} | (replica_overrides or {})
     distribution = distribute(spec.replicas, capacities, overrides, {ch.pool.name: placement_tier(ch) for ch in choices})
 
     owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
@@ -362,4 +365,4 @@ def plan_service_in(
     previous = service.status
     status = build_status(service, entries, excluded, distribution.num_unplaced, m.endpoint_for(service, settings), now)
     events = pool_events(previous, status)
-    return ServicePlan(engine_builds=engine_builds, children=children, status=status, events=events)
+    return ServicePlan(engine_builds=engine_builds, children=children, status=status, events=events, capacities=capacities)

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from . import api, builds, findings, planner
+from . import api, builds, findings, planner, reconcile_autoscaling, reconcile_routing
 from . import conditions as c
 from .conditions import warning
 from .manifests import POOL_LABEL
@@ -82,6 +82,11 @@ class Context:
     # Nodes and runtimes classified once per change, shared by every service's plan.
     cluster_version: int = 0
     _view: tuple[int, planner.ClusterView] | None = None
+    # Autoscaling and routing: the client that reads pods' /metrics, each autoscaled service's
+    # recommendation history, and whether the InferencePool CRD was served when last asked.
+    scraper: Any = None
+    scaling: dict = dataclasses.field(default_factory=dict)
+    pool_served: tuple[float, bool] | None = None
 
     def cluster_changed(self) -> None:
         self.cluster_version += 1
@@ -163,6 +168,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     indexed = next(iter(ctx.values(SERVICES, (namespace, name))), None)
     service = ctx.fresher("InferenceService", indexed, namespace, name)
     if service is None or service["metadata"].get("deletionTimestamp"):
+        ctx.scaling.pop((namespace, name), None)  # its autoscaling history goes with it
         return None  # children go with their owner (ownerReferences); builds by reference GC
     builds_by_key = {b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b
                      for b in _builds(ctx, namespace)}
@@ -170,6 +176,14 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     try:
         plan = planner.plan_service_in(ctx.cluster_view(), service, builds_by_key, deployments,
                                        ctx.clock(), ctx.plan_settings)
+        scaled = await reconcile_autoscaling.autoscale(ctx, service, plan.status, plan.capacities, ctx.clock())
+        if scaled is not None:  # re-planned with the autoscaler's replicas per pool
+            plan = planner.plan_service_in(ctx.cluster_view(), service, builds_by_key, deployments,
+                                           ctx.clock(), ctx.plan_settings, scaled.replicas)
+            plan.status["autoscaling"] = scaled.status
+            plan.events += scaled.events
+            plan.requeue_after = min(plan.requeue_after or float("inf"), ctx.config.autoscale_seconds)
+        routed = await reconcile_routing.plan(ctx, service, plan.status)
     except api.SpecError as error:
         logger.warning("Refused InferenceService %s/%s: %s", namespace, name, error)
         await ctx.post_events(service, [warning("InvalidSpec", str(error))], "Plan")
@@ -223,6 +237,12 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
         num_changes += await apply_child(desired, ctx.fresher(kind, live, namespace, child_name),
                                          pool)
+
+    try:
+        num_changes += await reconcile_routing.apply(ctx, service, routed)
+    except ApiError as error:
+        logger.error("Failed to apply InferencePool %s/%s: %s", namespace, name, error)
+        failures.append(error)
 
     for kind, index in CHILD_INDEXES.items():
         for child in ctx.values(index, (namespace, name)):

@@ -24,6 +24,10 @@ class OperatorConfig:
     concurrency: int = 8  # reconciles running at once across all objects
     instance: str = "inferfleet-operator"  # reportingInstance of Events (the pod name in a cluster)
     log_level: str = "INFO"
+    inference_pools: str = "auto"  # "auto": InferencePools where the GAIE CRD is served; "disabled": never
+    autoscale_seconds: float = 15.0  # autoscaled services re-read their pods' metrics this often
+    scrape_timeout_seconds: float = 2.0  # per pod /metrics request
+    scrape_url_template: str = "http://{ip}:{port}/metrics"
 
     @property
     def is_clusterwide(self) -> bool:
@@ -83,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reconciles running at once")
     parser.add_argument("--instance", default=None,
                         help="name of this replica in Events (default: $POD_NAME or the host name)")
+    parser.add_argument("--inference-pools", choices=["auto", "disabled"], default="auto",
+                        help="auto: apply InferencePools (Gateway API Inference Extension) where the CRD is "
+                             "served; disabled: never (the chart's RBAC then grants no inferencepools)")
+    parser.add_argument("--autoscale-seconds", type=float, default=15.0,
+                        help="how often autoscaled services read their pods' /metrics")
+    parser.add_argument("--scrape-timeout-seconds", type=float, default=2.0,
+                        help="timeout of one pod's /metrics request (a pod that does not answer counts as missing)")
+    parser.add_argument("--scrape-url-template", default="http://{ip}:{port}/metrics", metavar="URL",
+                        help="where a serving pod's /metrics is, from {ip} {port} {namespace} {pod} {pool} "
+                             "(tests point it at a stand-in on loopback)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -92,6 +106,12 @@ def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConf
     args = build_parser().parse_args(argv)
     if args.concurrency < 1:
         build_parser().error("--concurrency must be at least 1")
+    if args.autoscale_seconds <= 0 or args.scrape_timeout_seconds <= 0:
+        build_parser().error("--autoscale-seconds and --scrape-timeout-seconds must be positive")
+    try:
+        args.scrape_url_template.format(ip="10.0.0.1", port=8000, namespace="ns", pod="pod", pool="pool")
+    except (KeyError, IndexError, ValueError) as error:
+        build_parser().error(f"--scrape-url-template may only use {{ip}} {{port}} {{namespace}} {{pod}} {{pool}}: {error}")
     return OperatorConfig(
         namespaces=tuple(args.namespace),
         health_port=args.health_port,
@@ -107,4 +127,8 @@ def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConf
         concurrency=args.concurrency,
         instance=args.instance or default_instance,
         log_level=args.log_level,
+        inference_pools=args.inference_pools,
+        autoscale_seconds=args.autoscale_seconds,
+        scrape_timeout_seconds=args.scrape_timeout_seconds,
+        scrape_url_template=args.scrape_url_template,
     )

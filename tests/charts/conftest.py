@@ -62,8 +62,9 @@ def template(helm) -> Callable[..., subprocess.CompletedProcess]:
     """`helm template` of the chart with the given values (unparsed result)."""
     kube_version = _pins()["K8S_VERSION"]
 
-    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True) -> subprocess.CompletedProcess:
-        api_versions = [arg for kind in SERVED for arg in ("--api-versions", kind)] if served else []
+    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True,
+            also_served: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        api_versions = [arg for kind in (SERVED if served else []) + list(also_served) for arg in ("--api-versions", kind)]
         return helm("template", RELEASE, str(CHART), "--namespace", namespace,
                     "--kube-version", kube_version, *api_versions, *_set_args(values))
 
@@ -75,8 +76,9 @@ def render(template) -> Callable[..., list[dict]]:
     """The chart's objects for the given values; fails the test if helm refuses. served=False renders
     as on the install that creates the CRDs."""
 
-    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True) -> list[dict]:
-        result = template(values, namespace, served)
+    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True,
+            also_served: tuple[str, ...] = ()) -> list[dict]:
+        result = template(values, namespace, served, also_served)
         assert result.returncode == 0, result.stderr
         return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

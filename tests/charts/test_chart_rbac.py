@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from inferfleet_operator.permissions import PERMISSIONS
+from inferfleet_operator.permissions import PERMISSIONS, ROUTING_PERMISSIONS
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "inferfleet"
 NAMESPACE = "inferfleet-system"
@@ -74,3 +74,27 @@ def test_rbac_can_be_left_to_the_platform(render, of_kind):
     objects = render({"rbac": {"create": False}})
     for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         assert not of_kind(objects, kind), kind
+
+
+def test_inference_pools_are_absent_from_rbac_unless_routing_turns_them_on(render, one, of_kind):
+    off = render({"routing": {"inferencePools": False}})
+    assert "inferencepools" not in str(one(off, "ClusterRole")["rules"])
+    assert "--inference-pools=disabled" in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    on = render({"routing": {"inferencePools": True}})
+    assert one(on, "ClusterRole")["rules"] == PERMISSIONS + ROUTING_PERMISSIONS
+    assert "--inference-pools=disabled" not in one(on, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    namespaced = render({"routing": {"inferencePools": True}, "watchNamespaces": ["team-a"]})
+    (role,) = of_kind(namespaced, "Role")
+    assert ("inference.networking.k8s.io", "inferencepools", "patch") in _grants(role["rules"])
+
+
+def test_chart_copy_of_routing_permissions_is_current():
+    copy = yaml.safe_load((CHART / "files" / "rbac" / "routing-permissions.yaml").read_text())
+    assert copy == ROUTING_PERMISSIONS, f"charts/inferfleet/files/rbac/routing-permissions.yaml is stale: run {SYNC}"
+
+
+def test_inference_pools_on_auto_follow_whether_the_cluster_serves_the_crd(render, one):
+    assert "inferencepools" not in str(one(render(), "ClusterRole")["rules"]), "auto without the CRD: off"
+    objects = render(also_served=("inference.networking.k8s.io/v1/InferencePool",))
+    assert one(objects, "ClusterRole")["rules"] == PERMISSIONS + ROUTING_PERMISSIONS
+    assert "--inference-pools=disabled" not in one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -36,6 +36,7 @@ BAD_VALUES = [
     ({"podDisruptionBudget": {"maxUnavailable": "half"}}, "/podDisruptionBudget/maxUnavailable"),
     ({"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}}, "set minAvailable or maxUnavailable, not both"),
     ({"healthPort": 9090}, "healthPort and metricsPort must differ"),
+    ({"routing": {"inferencePools": "yes"}}, "/routing/inferencePools"),
 ]
 
 

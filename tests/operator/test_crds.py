@@ -57,6 +57,9 @@ def _schema_fields(schema: dict) -> set[str]:
         (api.BuildSpec, ("inferenceservices.yaml", "spec", "build")),
         (api.BuildResources, ("inferenceservices.yaml", "spec", "build", "resources")),
         (api.BuildResources, ("enginebuilds.yaml", "spec", "resources")),
+        (api.RoutingSpec, ("inferenceservices.yaml", "spec", "routing")),
+        (api.EndpointPicker, ("inferenceservices.yaml", "spec", "routing", "endpointPicker")),
+        (api.AutoscalingSpec, ("inferenceservices.yaml", "spec", "autoscaling")),
         (api.InferenceRuntimeSpec, ("inferenceruntimes.yaml", "spec")),
         (api.EngineBuildSpec, ("enginebuilds.yaml", "spec")),
         (api.EngineEnvelope, ("enginebuilds.yaml", "spec", "envelope")),
@@ -97,6 +100,10 @@ REFUSED = [
     (svc(runtime__policy="Paged", runtime__fallback="None"), "runtime.fallback None has no effect with runtime.policy Paged"),
     (svc(replicas=2, pools=[{"name": "nvidia-h100", "replicas": 3}]), "the sum of pools[].replicas must be at most replicas"),
     (svc(placement__tolerations=[{"key": "gpu", "operator": "Exists", "value": "x"}]), "value must be empty when operator is Exists"),
+    (svc(autoscaling={"minReplicas": 5, "maxReplicas": 2, "targetWaitingRequests": 4}), "autoscaling.minReplicas must be at most autoscaling.maxReplicas"),
+    (svc(autoscaling={"maxReplicas": 4}), "autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent"),
+    (svc(autoscaling={"maxReplicas": 4, "targetWaitingRequests": 2}, pools=[{"name": "cpu-amd64", "replicas": 1}]),
+     "pools (fixed per-pool replicas) cannot be combined with autoscaling"),
 ]
 
 
@@ -127,6 +134,10 @@ def test_new_rules_admit_the_valid_and_refuse_the_invalid(case):
         (svc(runtime__policy="Fastest"), ".spec.runtime.policy"),
         (svc(placement__vendors=["nvidia", "acme"]), ".spec.placement.vendors[1]"),
         (svc(resources__memory="lots"), ".spec.resources.memory"),
+        (svc(autoscaling={"minReplicas": 0, "maxReplicas": 2, "targetWaitingRequests": 1}), ".spec.autoscaling.minReplicas"),
+        (svc(autoscaling={"maxReplicas": 2, "targetKvCacheUsagePercent": 150}), ".spec.autoscaling.targetKvCacheUsagePercent"),
+        (svc(routing={"inferencePool": "Sometimes"}), ".spec.routing.inferencePool"),
+        (svc(routing={"endpointPicker": {"name": "epp", "port": 70000}}), ".spec.routing.endpointPicker.port"),
     ],
 )
 def test_out_of_envelope_values_are_refused_by_the_schema(obj, path):

@@ -91,6 +91,14 @@ def _service(**spec) -> str:
         ({"engine": {"tensorParallelSize": 2}}, "spec.engine.tensorParallelSize", "must equal resources.gpusPerReplica"),
         ({"runtime": {"policy": "Paged", "fallback": "None"}}, "spec.runtime", "has no effect with runtime.policy Paged"),
         ({"engine": {"dtype": "int3"}}, "spec.engine.dtype", "Unsupported value"),
+        ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetWaitingRequests": 1}}, "spec.autoscaling.minReplicas",
+         "autoscaling.minReplicas must be at most autoscaling.maxReplicas"),
+        ({"autoscaling": {"maxReplicas": 2}}, "spec.autoscaling", "autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent"),
+        ({"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "targetWaitingRequests": 1}}, "spec.autoscaling.minReplicas", "should be greater than or equal to 1"),
+        ({"autoscaling": {"maxReplicas": 2, "targetKvCacheUsagePercent": 101}}, "spec.autoscaling.targetKvCacheUsagePercent", "less than or equal to 100"),
+        ({"autoscaling": {"maxReplicas": 2, "targetWaitingRequests": 1}, "pools": [{"name": "cpu-amd64", "replicas": 1}]}, "spec.pools",
+         "cannot be combined with autoscaling"),
+        ({"routing": {"inferencePool": "Sometimes"}}, "spec.routing.inferencePool", "Unsupported value"),
     ],
 )
 def test_api_server_refuses_an_invalid_service_naming_the_field(kubectl, spec, field, message):
@@ -122,3 +130,38 @@ def test_api_server_fills_defaults_and_keeps_the_planner_status(kubectl):
     assert table.split()[:4] == ["NAME", "READY", "POOLS", "RUNTIMES"] and "Paged=" in table
     renamed = kubectl("apply", "-f", "-", stdin=_service(model={"name": "other", "uri": "hf://a/b"}))
     assert "model.name is immutable" in renamed.stderr
+
+
+GAIE_CRD = Path(__file__).resolve().parents[2] / "e2e" / "crds-thirdparty" / "inferencepools.inference.networking.k8s.io.yaml"
+
+
+def test_the_pinned_gaie_crd_admits_the_golden_inference_pools(kubectl):
+    assert kubectl("apply", "-f", str(GAIE_CRD)).returncode == 0
+    assert kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s").returncode == 0
+    golden = sorted((Path(__file__).resolve().parent / "golden" / "routing").glob("*.yaml"))
+    assert golden
+    for path in golden:
+        pool = yaml.safe_load(path.read_text())
+        pool["metadata"].pop("ownerReferences")  # the owner does not exist here
+        pool["metadata"]["namespace"] = "default"
+        result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pool))
+        assert result.returncode == 0, (path.name, result.stderr)
+
+
+def test_routing_and_autoscaling_status_round_trip_unpruned(kubectl):
+    spec = {"autoscaling": {"maxReplicas": 4, "targetWaitingRequests": 2}, "routing": {"endpointPicker": {"name": "epp", "port": 9002}}}
+    created = kubectl("apply", "-f", "-", stdin=_service(**spec).replace('"name": "llama", "namespace"', '"name": "scaled", "namespace"'))
+    assert created.returncode == 0, created.stderr
+    stored = json.loads(kubectl("get", "infsvc", "scaled", "-n", "default", "-o", "json").stdout)
+    assert stored["spec"]["autoscaling"] == {"minReplicas": 1, "maxReplicas": 4, "targetWaitingRequests": 2, "scaleDownStabilizationSeconds": 300}
+    assert stored["spec"]["routing"] == {"inferencePool": "Auto", "endpointPicker": {"name": "epp", "port": 9002, "kind": "Service", "group": "", "failureMode": "FailClose"}}
+    status = {
+        "routing": {"inferencePool": "scaled", "apiVersion": "inference.networking.k8s.io/v1", "reason": "InferencePoolApplied", "message": "m",
+                    "pools": ["cpu-amd64", "nvidia-h100"]},
+        "autoscaling": {"lastScaleTime": "2026-12-03T12:00:00Z",
+                        "pools": [{"name": "cpu-amd64", "currentReplicas": 1, "desiredReplicas": 3, "metric": "inferfleet:num_requests_waiting",
+                                   "value": "5", "target": "2", "reason": "ScaledUp"}]},
+    }  # fmt: skip
+    patched = kubectl("patch", "infsvc", "scaled", "-n", "default", "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+    assert patched.returncode == 0, patched.stderr
+    assert json.loads(kubectl("get", "infsvc", "scaled", "-n", "default", "-o", "json").stdout)["status"] == status

@@ -17,7 +17,7 @@ NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.timezone.utc)
 PLURAL_KINDS = {"deployments": "Deployment", "services": "Service",
                 "poddisruptionbudgets": "PodDisruptionBudget", "jobs": "Job",
                 "enginebuilds": "EngineBuild", "inferenceservices": "InferenceService",
-                "events": "Event"}
+                "events": "Event", "inferencepools": "InferencePool", "pods": "Pod"}
 PATH = re.compile(r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
                   r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$")
 
@@ -30,8 +30,27 @@ class FakeApi:
         self.requests: list[tuple[str, str]] = []
         self.events: list[dict] = []
         self.revision = 100
+        self.serves_pools = False  # whether discovery lists the GAIE InferencePool
+        self.reads: list[tuple[str, str]] = []  # GETs, kept apart from the writes the tests count
+
+    def _read(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/apis/inference.networking.k8s.io/v1":
+            self.reads.append(("GET", "Discovery"))
+            if not self.serves_pools:
+                return httpx.Response(404, json={"reason": "NotFound", "message": "not served"})
+            return httpx.Response(200, json={"resources": [{"name": "inferencepools", "kind": "InferencePool"}]})
+        match = PATH.match(request.url.path)
+        kind = PLURAL_KINDS[match["plural"]]
+        self.reads.append(("GET", kind))
+        if match["name"] is None:
+            items = [o for (k, ns, _), o in self.objects.items() if k == kind and ns == match["ns"]]
+            return httpx.Response(200, json={"items": copy.deepcopy(items)})
+        obj = self.objects.get((kind, match["ns"], match["name"]))
+        return httpx.Response(200, json=obj) if obj else httpx.Response(404, json={"reason": "NotFound", "message": "gone"})
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return self._read(request)
         match = PATH.match(request.url.path)
         assert match, request.url.path
         kind = PLURAL_KINDS[match["plural"]]

@@ -114,3 +114,27 @@ def test_node_labels_taints_capacity_and_readiness_do():
     not_ready = _kwok_node("t1")
     not_ready["status"]["conditions"][0]["status"] = "False"
     assert node_view(not_ready) != node_view(base)
+
+
+def test_routing_and_autoscaling_flags_parse_and_bad_ones_are_refused_naming_the_flag(capsys):
+    config = parse_args(["--inference-pools=disabled", "--autoscale-seconds=5",
+                         "--scrape-url-template=http://127.0.0.1:9000/{namespace}/{pod}"], default_instance="x")
+    assert (config.inference_pools, config.autoscale_seconds) == ("disabled", 5.0)
+    assert config.scrape_url_template == "http://127.0.0.1:9000/{namespace}/{pod}"
+    assert parse_args([], default_instance="x").inference_pools == "auto"
+    with pytest.raises(SystemExit):
+        parse_args(["--scrape-url-template=http://{host}/metrics"], default_instance="x")
+    assert "--scrape-url-template" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--autoscale-seconds=0"], default_instance="x")
+    assert "--autoscale-seconds" in capsys.readouterr().err
+
+
+def test_the_inference_pool_crd_is_watched_only_when_inference_pools_are_on():
+    def watched(argv):
+        registry = kopf.OperatorRegistry()
+        register(registry, parse_args(argv, default_instance="x"), Metrics())
+        return {h.selector.any_name for h in registry._watching.get_all_handlers() if h.selector}
+
+    assert "customresourcedefinitions" in watched([])
+    assert "customresourcedefinitions" not in watched(["--inference-pools=disabled"])

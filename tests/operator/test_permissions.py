@@ -48,3 +48,17 @@ def test_pods_and_claims_are_only_read_and_secrets_never():
     assert verbs_for("", "pods") == {"get", "list", "watch"}
     assert verbs_for("", "persistentvolumeclaims") == {"list", "watch"}
     assert not verbs_for("", "secrets")
+
+
+def test_inference_pools_are_granted_only_by_the_routing_rules_and_pods_can_be_listed_for_autoscaling():
+    from inferfleet_operator.api import parse_service
+    from inferfleet_operator.permissions import ROUTING_PERMISSIONS
+    from inferfleet_operator.routing import inference_pool_for, POOL_GROUP
+    from inferfleet_operator.api import DEFAULT_SETTINGS
+
+    pool = inference_pool_for(parse_service(service()), DEFAULT_SETTINGS)
+    assert pool["apiVersion"].split("/")[0] == POOL_GROUP
+    assert verbs_for(POOL_GROUP, "inferencepools") == set()
+    routing_verbs = {v for r in ROUTING_PERMISSIONS if POOL_GROUP in r["apiGroups"] and "inferencepools" in r["resources"] for v in r["verbs"]}
+    assert {"get", "create", "patch", "delete"} <= routing_verbs
+    assert "list" in verbs_for("", "pods")

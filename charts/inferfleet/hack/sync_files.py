@@ -35,7 +35,7 @@ def permissions_yaml(permissions: list[dict]) -> str:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "operator"))
-    from inferfleet_operator.permissions import PERMISSIONS
+    from inferfleet_operator.permissions import PERMISSIONS, ROUTING_PERMISSIONS
 
     target = CHART / "files" / "crds"
     target.mkdir(parents=True, exist_ok=True)
@@ -47,6 +47,9 @@ def main() -> None:
     rules = CHART / "files" / "rbac" / "permissions.yaml"
     rules.write_text(permissions_yaml(PERMISSIONS))
     print(f"Wrote {rules.relative_to(ROOT)} ({len(PERMISSIONS)} rules)")
+    routing = CHART / "files" / "rbac" / "routing-permissions.yaml"
+    routing.write_text(permissions_yaml(ROUTING_PERMISSIONS).replace(".PERMISSIONS", ".ROUTING_PERMISSIONS"))
+    print(f"Wrote {routing.relative_to(ROOT)} ({len(ROUTING_PERMISSIONS)} rules)")
 
 
 if __name__ == "__main__":

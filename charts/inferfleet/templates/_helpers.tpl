@@ -100,6 +100,9 @@ CRDs they are left to the next upgrade (NOTES.txt says so).
 {{- with include "inferfleet.engineCache.claim" . }}
 - --engine-cache-claim={{ . }}
 {{- end }}
+{{- if not (include "inferfleet.routing.enabled" .) }}
+- --inference-pools=disabled
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -118,8 +121,21 @@ Every RBAC rule the operator needs: inferfleet_operator.permissions.PERMISSIONS,
 files/rbac/permissions.yaml (a copy kept equal by tests/charts). It already holds kopf's
 peering kinds, used when several pods elect a leader.
 */}}
+{{/*
+"true" when the operator may write InferencePools: routing.inferencePools true, or "auto" and the
+cluster serves inference.networking.k8s.io/v1 InferencePool at install or upgrade time.
+*/}}
+{{- define "inferfleet.routing.enabled" -}}
+{{- $value := toString .Values.routing.inferencePools -}}
+{{- if or (eq $value "true") (and (eq $value "auto") (.Capabilities.APIVersions.Has "inference.networking.k8s.io/v1/InferencePool")) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "inferfleet.rules.all" -}}
-{{- .Files.Get "files/rbac/permissions.yaml" | fromYamlArray | toJson -}}
+{{- $rules := .Files.Get "files/rbac/permissions.yaml" | fromYamlArray -}}
+{{- if include "inferfleet.routing.enabled" . -}}
+{{- $rules = concat $rules (.Files.Get "files/rbac/routing-permissions.yaml" | fromYamlArray) -}}
+{{- end -}}
+{{- $rules | toJson -}}
 {{- end -}}
 
 {{/*
