@@ -19,6 +19,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -188,23 +189,26 @@ def measure(spec: ServerSpec, prompts: list[list[int]], levels: list[int], args)
     """Starts the server, warms it with one request, runs every level, stops it."""
     port = _free_port()
     argv = [a.replace("{port}", str(port)) for a in spec.argv]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, **spec.env}, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(process, url + spec.ready_path, args.startup_timeout, spec.name)
-        _warm_up(url, prompts[0][:8], args.startup_timeout, spec.name)
-        return [asyncio.run(run_level(url, prompts, level, args.output_len, args.timeout)) for level in levels]
-    finally:
-        _stop(process)
+    # The server's log goes to a file, never to a pipe nobody reads: a full pipe would block the server mid-run.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **spec.env},
+                                   start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(process, log, url + spec.ready_path, args.startup_timeout, spec.name)
+            _warm_up(url, prompts[0][:8], args.startup_timeout, spec.name)
+            return [asyncio.run(run_level(url, prompts, level, args.output_len, args.timeout)) for level in levels]
+        finally:
+            _stop(process)
 
 
-def _wait_ready(process: subprocess.Popen, url: str, timeout: float, name: str) -> None:
+def _wait_ready(process: subprocess.Popen, log, url: str, timeout: float, name: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            tail = (process.stderr.read() or "")[-600:] if process.stderr else ""
-            raise RuntimeError(f"{name} exited with code {process.returncode} before it was ready: {tail}")
+            log.seek(0)
+            raise RuntimeError(f"{name} exited with code {process.returncode} before it was ready: "
+                               f"{log.read()[-600:]}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
@@ -237,8 +241,6 @@ def _stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    if process.stderr:
-        process.stderr.close()
 
 
 # -- the client --------------------------------------------------------------------------------------------------
