@@ -23,15 +23,19 @@ IDLE_WAIT_S = 0.5
 
 
 def cpu_engine_threads() -> int:
-    """Torch threads for an engine running on the CPU: every core but one, which is left to the event loop.
+    """Torch threads for an engine running on the CPU: every core this process may use.
 
-    With torch's default (one thread per core) the idle OpenMP workers spin on the core the event loop needs
-    for HTTP and SSE: on 2 cores that made a streamed request several times slower than the same engine offline.
-    OMP_NUM_THREADS, when set, is the operator's choice and wins.
+    OpenMP workers that busy-wait while idle spin on the core the event loop needs for HTTP and SSE: on 2 cores that
+    made a streamed request several times slower than the same engine offline. The package makes them sleep
+    (OMP_WAIT_POLICY=PASSIVE, see __init__); when a user sets another wait policy, one core is left to the event
+    loop instead. OMP_NUM_THREADS, when set, is the operator's choice and wins.
     """
     if os.environ.get("OMP_NUM_THREADS"):
         return int(os.environ["OMP_NUM_THREADS"])
-    return max(1, (os.cpu_count() or 1) - 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return max(1, cores)
+    return max(1, cores - 1)
 
 
 class QueueFullError(RuntimeError):

@@ -80,10 +80,11 @@ class Sampler:
         params: list[SamplingParams] = [seq.params for seq in seqs]
         num_top = max((p.logprobs for p in params if p.logprobs is not None), default=None)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if num_top is not None else None
-        logits = logits.clone()
-        for i, (seq, p) in enumerate(zip(seqs, params)):
-            if p.has_penalties:
-                _apply_penalties(logits[i], seq, p)
+        penalised = [i for i, p in enumerate(params) if p.has_penalties]
+        if penalised:      # penalties edit rows in place; the caller's logits stay as the model gave them
+            logits = logits.clone()
+            for i in penalised:
+                _apply_penalties(logits[i], seqs[i], params[i])
         token_ids = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if random_rows:

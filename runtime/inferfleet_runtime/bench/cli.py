@@ -1,5 +1,6 @@
 """`inferfleet-runtime bench serve`: a serving benchmark client for any OpenAI-compatible server (streaming
-completions; TTFT, TPOT, ITL, E2EL, throughput, goodput; JSON and PNG output)."""
+completions; TTFT, TPOT, ITL, E2EL, throughput, goodput; JSON and PNG output); `bench compare`: this runtime
+against llama.cpp's llama-server (see compare.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from .datasets import parse_range
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench_command", metavar="{serve}", required=True)
+    from . import compare
+
+    sub = parser.add_subparsers(dest="bench_command", metavar="{serve,compare}", required=True)
+    compare.add_arguments(sub.add_parser(
+        "compare", help="this runtime against llama-server on the same model and prompts",
+        description="Starts this runtime (and llama-server when found) on the same model, sends the same token-id "
+                    "prompts at several concurrencies and prints output tokens/s with ratios."))
     serve = sub.add_parser("serve", help="benchmark a running OpenAI-compatible server",
                            description="Sends streaming completions at a request rate and reports latency metrics.")
     serve.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
@@ -49,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.bench_command == "serve":
         return serve(args)
+    if args.bench_command == "compare":
+        from .compare import run as compare
+        return compare(args)
     return _fail(f"unknown bench command {args.bench_command!r}")
 
 

@@ -1,0 +1,120 @@
+"""`inferfleet-runtime bench compare` runs end to end (alone, and against a stand-in llama-server), and the GGUF
+writer produces a file the `gguf` reader parses with llama.cpp's names, shapes and tokenizer."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+
+import numpy as np
+import pytest
+
+from inferfleet_runtime.bench.gguf_export import rope_rows_interleaved, write_gguf
+from inferfleet_runtime.cli import main
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=384)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_llama_factory):
+    return tiny_llama_factory("compare-tiny", **TINY)
+
+
+def test_gguf_has_llama_cpp_names_shapes_and_the_whole_vocab(tiny_model, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = write_gguf(tiny_model, tmp_path / "model.gguf")
+    reader = gguf.GGUFReader(str(path))
+    shapes = {t.name: tuple(int(x) for x in t.shape) for t in reader.tensors}
+    # ggml lists dimensions innermost first: a [rows, cols] matrix reads as (cols, rows).
+    assert shapes["token_embd.weight"] == (64, 384) and shapes["output.weight"] == (64, 384)
+    assert shapes["blk.1.attn_q.weight"] == (64, 64) and shapes["blk.1.attn_k.weight"] == (64, 32)
+    assert shapes["blk.0.ffn_gate.weight"] == (64, 128) and shapes["blk.0.ffn_down.weight"] == (128, 64)
+    assert shapes["output_norm.weight"] == (64,) and len(shapes) == 3 + 2 * 9
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in reader.tensors)
+
+    def field(name):
+        return reader.fields[name].contents()
+
+    assert field("general.architecture") == "llama"
+    assert (field("llama.block_count"), field("llama.attention.head_count"),
+            field("llama.attention.head_count_kv")) == (2, 4, 2)
+    assert field("tokenizer.ggml.model") == "gpt2" and field("tokenizer.ggml.pre") == "default"
+    tokens = field("tokenizer.ggml.tokens")
+    assert len(tokens) == 384 and tokens[383] == "[PAD383]"      # the tokenizer has 300 ids, the model 384
+    vocab = json.loads((tiny_model / "tokenizer.json").read_text())["model"]["vocab"]
+    assert all(tokens[i] == t for t, i in vocab.items())
+
+
+def test_rope_rows_move_from_half_split_pairs_to_adjacent_pairs():
+    head_dim, num_heads = 8, 2
+    rows = np.arange(num_heads * head_dim, dtype=np.float32)[:, None]  # each row holds its HF index
+    out = rope_rows_interleaved(rows, num_heads)[:, 0]
+    # head 0: HF pairs (0, 4), (1, 5), ... become rows (0, 1), (2, 3), ...; head 1 the same, offset by 8.
+    assert out.tolist() == [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+
+
+def _run_compare(tiny_model, tmp_path, *extra):
+    out, png = tmp_path / "compare.json", tmp_path / "compare.png"
+    code = main(["bench", "compare", "--model", str(tiny_model), "--concurrency", "1,2", "--num-prompts", "3",
+                 "--input-len", "4:8", "--output-len", "3", "--rounds", "1", "--result-json", str(out),
+                 "--plot", str(png), *extra])
+    return code, json.loads(out.read_text()) if out.exists() else None, png
+
+
+@pytest.mark.slow
+def test_without_llama_server_it_benchmarks_this_runtime_alone_and_says_so(tiny_model, tmp_path, monkeypatch,
+                                                                           capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))      # no llama-server anywhere on PATH
+    code, result, png = _run_compare(tiny_model, tmp_path)
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "benchmarking inferfleet alone" in printed and "llama-server: not run" in printed
+    assert result["config"]["llama_server_found"] is False and list(result["rounds"]) == ["inferfleet"]
+    for level in ("1", "2"):
+        entry = result["summary"]["levels"][level]
+        assert "llama-server" not in entry and "ratio_best" not in entry
+        assert entry["inferfleet"]["best_tok_s"] > 0
+    # ignore_eos: every request produced exactly its 3 tokens at every level
+    assert [lvl["output_tokens"] for lvl in result["rounds"]["inferfleet"][0]] == [9, 9]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_against_a_server_given_as_llama_server_it_prints_ratios(tiny_model, tmp_path, capsys):
+    # A stand-in that accepts llama-server's flags and serves the checkpoint beside the GGUF with this runtime.
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"""#!{sys.executable}
+import argparse, os, sys
+p = argparse.ArgumentParser()
+for flag in ("-m", "--host", "--port", "-np", "-t", "-c"):
+    p.add_argument(flag)
+p.add_argument("-cb", action="store_true")
+a = p.parse_args()
+assert os.path.getsize(a.m) > 0 and a.np == "32" and a.t == "2", sys.argv
+os.execv(sys.executable, [sys.executable, "-m", "inferfleet_runtime.cli", "serve", "--model", os.path.dirname(a.m),
+                          "--host", a.host, "--port", a.port, "--log-level", "warning"])
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    gguf_path = tmp_path / "model" / "model-f32.gguf"
+    model_copy = gguf_path.parent
+    model_copy.mkdir()
+    for f in tiny_model.iterdir():
+        (model_copy / f.name).write_bytes(f.read_bytes())
+    code, result, _ = _run_compare(model_copy, tmp_path, "--llama-server", str(fake))
+    assert code == 0, capsys.readouterr()
+    assert gguf_path.stat().st_size > 0                      # written beside the checkpoint on first use
+    printed = capsys.readouterr().out
+    assert "ratio best/med" in printed and " -np 32 -cb -t 2 " in printed
+    for level in ("1", "2"):
+        entry = result["summary"]["levels"][level]
+        ours, theirs = entry["inferfleet"], entry["llama-server"]
+        assert entry["ratio_best"] == pytest.approx(ours["best_tok_s"] / theirs["best_tok_s"])
+    assert [lvl["output_tokens"] for lvl in result["rounds"]["llama-server"][0]] == [9, 9]
+
+
+def test_a_missing_llama_server_binary_is_refused_with_one_line(tiny_model, tmp_path, capsys):
+    code = main(["bench", "compare", "--model", str(tiny_model), "--llama-server", str(tmp_path / "nope")])
+    assert code == 2
+    assert "is not an executable file" in capsys.readouterr().err
