@@ -339,6 +339,7 @@ class PlanSettings:
     build_retention_seconds: int = 3600  # an unreferenced EngineBuild is deleted this long after its last reference
     max_backoff_seconds: int = 600
     port: int = 8000
+    compile_cpu: str = "2"  # CPU request of a compile Job (a Kubernetes quantity)
 
 
 DEFAULT_SETTINGS = PlanSettings()

@@ -308,7 +308,7 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         "command": ["inferfleet-runtime"],
         "args": args,
         "env": _env(),
-        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": limits},
+        "resources": {"requests": {"cpu": settings.compile_cpu, "memory": "8Gi"}, "limits": limits},
         "securityContext": _container_security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [

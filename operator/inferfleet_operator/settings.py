@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 from .api import PlanSettings
 
@@ -21,6 +22,7 @@ class OperatorConfig:
     error_delays: tuple[float, ...] = (1, 2, 5, 10, 30, 60)  # retry delays after failed reconciles
     build_retention_seconds: int = 3600
     max_backoff_seconds: int = 600
+    compile_cpu: str = "2"
     concurrency: int = 8  # reconciles running at once across all objects
     instance: str = "inferfleet-operator"  # reportingInstance of Events (the pod name in a cluster)
     log_level: str = "INFO"
@@ -32,7 +34,14 @@ class OperatorConfig:
     def plan_settings(self) -> PlanSettings:
         return PlanSettings(engine_cache_claim=self.engine_cache_claim,
                             build_retention_seconds=self.build_retention_seconds,
-                            max_backoff_seconds=self.max_backoff_seconds)
+                            max_backoff_seconds=self.max_backoff_seconds,
+                            compile_cpu=self.compile_cpu)
+
+
+def _cpu_quantity(text: str) -> str:
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?m?", text) or float(text.rstrip("m")) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive CPU quantity such as 2, 0.5 or 500m, got {text!r}")
+    return text
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -79,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="delete an EngineBuild this long after no service references it")
     parser.add_argument("--max-backoff-seconds", type=int, default=600,
                         help="cap on the delay between engine build attempts")
+    parser.add_argument("--compile-cpu", type=_cpu_quantity, default="2", metavar="QUANTITY",
+                        help="CPU request of each compile Job (e.g. 2 or 500m; small nodes need less)")
     parser.add_argument("--concurrency", type=int, default=8,
                         help="reconciles running at once")
     parser.add_argument("--instance", default=None,
@@ -104,6 +115,7 @@ def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConf
         error_delays=tuple(args.error_delays),
         build_retention_seconds=args.build_retention_seconds,
         max_backoff_seconds=args.max_backoff_seconds,
+        compile_cpu=args.compile_cpu,
         concurrency=args.concurrency,
         instance=args.instance or default_instance,
         log_level=args.log_level,

@@ -30,6 +30,21 @@ def test_the_engine_cache_claim_and_retention_reach_the_planner_settings():
         ("engines", 5, 2)
 
 
+def test_compile_cpu_reaches_the_compile_job_and_bad_quantities_are_refused(capsys):
+    from inferfleet_operator.api import EngineBuildSpec, EngineEnvelope
+    from inferfleet_operator.manifests import compile_job_for
+
+    plan = parse_args(["--compile-cpu", "500m"], default_instance="x").plan_settings()
+    spec = EngineBuildSpec(engine_key="k", model_uri="pvc://models/demo", revision="main", envelope=EngineEnvelope(), vendor="cpu",
+                           architecture="amd64", image="i", compile_image="i")
+    [container] = compile_job_for("k", "ns", spec, 1, plan)["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"]["cpu"] == "500m"
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(SystemExit):
+            parse_args(["--compile-cpu", bad], default_instance="x")
+        assert "positive CPU quantity" in capsys.readouterr().err
+
+
 def test_bad_error_delays_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--error-delays", "1,x"], default_instance="x")
