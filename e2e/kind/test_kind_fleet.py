@@ -45,7 +45,8 @@ def release(kind_cluster):
     rt_repo, rt_tag = _split(kind_cluster.runtime_image)
     values = [f"image.repository={repo}", f"image.tag={tag}", "image.pullPolicy=Never",
               f"runtimes.items.paged-cpu.image.repository={rt_repo}", f"runtimes.items.paged-cpu.image.tag={rt_tag}",
-              "engineCache.create=false", "engineCache.existingClaim=engine-cache", "crds.keep=false"]
+              "engineCache.create=false", "engineCache.existingClaim=engine-cache", "crds.keep=false",
+              "extraArgs={--compile-cpu=250m}"]  # a compile Job fits beside the serving pods on 2 cores
     sets = [arg for value in values for arg in ("--set", value)]
     name = f"inferfleet-{SUFFIX}"
     kind_cluster.helm("install", name, str(CHART), "--namespace", namespace, *sets, "--wait", "--timeout", "5m",
@@ -69,7 +70,10 @@ def serve_ns(kind_cluster, release):
     shutil.copytree(ensure_demo_model(), model_dir)
     for path in [model_dir, *model_dir.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)  # the pods run as uid 1000
-    volume = f"models-{namespace}"
+    volume, engines = f"models-{namespace}", f"engines-{namespace}"
+    # The engine cache on the node, writable by the pods' uid 1000 (a hostPath volume is not chowned to fsGroup).
+    engines_path = f"/var/lib/inferfleet-engines/{namespace}"
+    subprocess.run(["docker", "exec", kind_cluster.env["KIND_NODE"], "mkdir", "-p", "-m", "0777", engines_path], check=True)
     claim = {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": volume,
              "resources": {"requests": {"storage": "1Gi"}}}
     kind_cluster.apply([
@@ -79,18 +83,23 @@ def serve_ns(kind_cluster, release):
                   "claimRef": {"namespace": namespace, "name": "models"}}},
         {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": namespace},
          "spec": claim},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": engines},
+         "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": engines_path},
+                  "claimRef": {"namespace": namespace, "name": "engine-cache"}}},
         {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "engine-cache", "namespace": namespace},
-         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
+         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": engines,
+                  "resources": {"requests": {"storage": "2Gi"}}}},
     ])
     yield namespace
     kind_cluster.delete_namespace(namespace)
-    kind_cluster.kubectl("delete", "pv", volume, "--wait=false", "--ignore-not-found")
+    kind_cluster.kubectl("delete", "pv", volume, engines, "--wait=false", "--ignore-not-found")
 
 
-def _service(name: str, vendors: list[str], replicas: int) -> dict:
+def _service(name: str, vendors: list[str], replicas: int, runtime: dict | None = None, engine: dict = ENGINE) -> dict:
     return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
-            "spec": {"model": {"name": MODEL, "uri": f"pvc://models/{MODEL}"}, "engine": ENGINE, "replicas": replicas,
-                     "placement": {"vendors": vendors}, "resources": SMALL}}
+            "spec": {"model": {"name": MODEL, "uri": f"pvc://models/{MODEL}"}, "engine": engine, "replicas": replicas,
+                     "placement": {"vendors": vendors}, "resources": SMALL, "runtime": runtime or {"policy": "Paged"}}}
 
 
 def _ready_replicas(kind_cluster, namespace: str, deployment: str) -> int:
@@ -162,7 +171,7 @@ def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluste
 
 
 def test_simulated_gpu_pools_get_their_deployments_in_the_same_cluster(kind_cluster, serve_ns):
-    kind_cluster.apply(_service("fleet", ["nvidia", "amd", "intel"], 3), namespace=serve_ns)
+    kind_cluster.apply(_service("fleet", ["nvidia", "amd", "intel"], 3, runtime={"policy": "Auto"}), namespace=serve_ns)
 
     def gpu_deployments() -> dict[str, dict]:
         found = {d["metadata"]["name"]: d for d in kind_cluster.items("deployments", serve_ns, "inferfleet.dev/service=fleet")}
@@ -199,13 +208,18 @@ with httpx.Client(timeout=30) as client:
 """
 
 
-def _client_pod(name: str, image: str, seconds: int) -> dict:
+def _client_lines(kind_cluster, namespace: str, pod: str) -> list[dict]:
+    out = kind_cluster.kubectl("logs", pod, "-n", namespace, check=False).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def _client_pod(name: str, image: str, seconds: int, service: str = "demo") -> dict:
     security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
                 "seccompProfile": {"type": "RuntimeDefault"}}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"restartPolicy": "Never", "containers": [{
                 "name": "client", "image": image, "imagePullPolicy": "Never", "command": ["python", "-c", CLIENT_LOOP],
-                "args": ["http://demo:8000/v1/completions", str(seconds)], "securityContext": security,
+                "args": [f"http://{service}:8000/v1/completions", str(seconds)], "securityContext": security,
                 "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}}]}}
 
 
@@ -217,8 +231,7 @@ def test_deleted_serving_pod_is_replaced_while_the_service_keeps_answering(kind_
     kind_cluster.apply(_client_pod("client", kind_cluster.runtime_image, 150), namespace=demo)
 
     def client_lines() -> list[dict]:
-        out = kind_cluster.kubectl("logs", "client", "-n", demo, check=False).stdout
-        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        return _client_lines(kind_cluster, demo, "client")
 
     wait_for(lambda: sum(e["outcome"] == "ok" for e in client_lines()) >= 5, timeout=120, message="client traffic")
     [victim, *_] = sorted(p["metadata"]["name"] for p in kind_cluster.items("pods", demo, "inferfleet.dev/service=demo"))
@@ -242,6 +255,78 @@ def test_deleted_serving_pod_is_replaced_while_the_service_keeps_answering(kind_
     print(f"requests={len(final)} during-replacement={len(during)} failed={len(failures)} retried-connections={len(retries)}")
     assert during and all(e["outcome"] == "ok" for e in during), "the Service stopped answering while the pod was replaced"
     assert not failures
+    kind_cluster.kubectl("patch", "infsvc", "demo", "-n", demo, "--type=merge", "-p", '{"spec": {"replicas": 1}}')
+
+
+def _compiled_runtime(kind_cluster) -> dict:
+    """An InferenceRuntime giving CPU nodes an AOTInductor engine, compiled and served by the runtime image."""
+    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceRuntime", "metadata": {"name": "compiled-cpu-e2e"},
+            "spec": {"engine": "Compiled", "vendors": ["cpu"], "image": kind_cluster.runtime_image,
+                     "compileImage": kind_cluster.runtime_image, "priority": 20}}
+
+
+def _build_of(kind_cluster, namespace: str, service: str) -> dict | None:
+    pool = {p["name"]: p for p in ((kind_cluster.get("infsvc", service, namespace) or {}).get("status") or {}).get("pools") or []}
+    key = (pool.get(CPU_POOL) or {}).get("engineBuild") or (pool.get(CPU_POOL) or {}).get("engineKey")
+    return kind_cluster.get("enginebuild", key, namespace) if key else None
+
+
+def _serving_compiled(kind_cluster, namespace: str, deployment: str, key: str) -> bool:
+    obj = kind_cluster.get("deployment", deployment, namespace) or {}
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    args = spec["template"]["spec"]["containers"][0]["args"] if spec else []
+    settled = status.get("observedGeneration") == obj.get("metadata", {}).get("generation")
+    return (f"/engines/{key}" in args and settled and status.get("updatedReplicas") == spec.get("replicas")
+            == status.get("readyReplicas") and not status.get("unavailableReplicas") and status.get("replicas") == spec["replicas"])
+
+
+def _greedy(kind_cluster, namespace: str, service: str) -> str:
+    with port_forward(kind_cluster, namespace, f"service/{service}", 8000) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        return client.completions.create(model=MODEL, prompt="Beautiful is better than", max_tokens=12,
+                                         temperature=0).choices[0].text
+
+
+def test_cpu_pool_serves_a_compiled_engine_built_by_a_real_job_with_the_paged_greedy_tokens(kind_cluster, demo):
+    kind_cluster.apply(_compiled_runtime(kind_cluster))
+    kind_cluster.apply(_service("compiled", ["cpu"], 1, runtime={"policy": "Compiled", "bridge": False}), namespace=demo)
+    build = wait_for(lambda: (b := _build_of(kind_cluster, demo, "compiled")) and (b.get("status") or {}).get("state") == "Ready" and b,
+                     timeout=900, interval=3, message="the EngineBuild Ready (its compile Job ran in a pod)")
+    status = build["status"]
+    print(f"engine {build['metadata']['name']}: {status.get('artifactSizeBytes')} bytes in {status.get('durationSeconds')} s")
+    assert status["artifactSizeBytes"] > 0 and status["durationSeconds"] > 0
+    [job] = kind_cluster.items("jobs", demo, f"inferfleet.dev/engine-build={build['metadata']['name']}")
+    assert job["status"].get("succeeded") == 1
+    key = build["spec"]["engineKey"]
+    wait_for(lambda: _serving_compiled(kind_cluster, demo, f"compiled-{CPU_POOL}", key), timeout=600, interval=2,
+             message="the compiled pool's pod serving the engine and ready")
+    compiled, paged = _greedy(kind_cluster, demo, "compiled"), _greedy(kind_cluster, demo, "demo")
+    print(f"greedy compiled={compiled!r} paged={paged!r}")
+    assert compiled == paged and compiled.startswith(" ugly.")
+
+
+def test_envelope_change_builds_a_new_engine_while_the_old_one_answers_every_request(kind_cluster, demo):
+    old_key = _build_of(kind_cluster, demo, "compiled")["metadata"]["name"]
+    kind_cluster.apply(_client_pod("switch-client", kind_cluster.runtime_image, 600, service="compiled"), namespace=demo)
+    wait_for(lambda: sum(e["outcome"] == "ok" for e in _client_lines(kind_cluster, demo, "switch-client")) >= 3,
+             timeout=120, message="client traffic to the compiled service")
+    kind_cluster.kubectl("patch", "infsvc", "compiled", "-n", demo, "--type=merge", "-p",
+                         json.dumps({"spec": {"engine": {**ENGINE, "maxBatchSize": 2}}}))
+    new = wait_for(lambda: (b := _build_of(kind_cluster, demo, "compiled")) and b["metadata"]["name"] != old_key and b,
+                   timeout=120, interval=2, message="a new EngineBuild for the new envelope")
+    new_key = new["spec"]["engineKey"]
+    wait_for(lambda: _serving_compiled(kind_cluster, demo, f"compiled-{CPU_POOL}", new_key), timeout=1200, interval=3,
+             message="the pool rolled onto the new engine")
+    switched_at = time.time()
+    wait_for(lambda: any(e["t"] > switched_at + 5 for e in _client_lines(kind_cluster, demo, "switch-client")),
+             timeout=120, message="traffic after the switch")
+    kind_cluster.kubectl("delete", "pod", "switch-client", "-n", demo, "--wait=false")
+    lines = _client_lines(kind_cluster, demo, "switch-client")
+    final = [e for e in lines if not e["outcome"].startswith("retry")]
+    failures = [e for e in final if e["outcome"] != "ok"]
+    print(f"engine switch {old_key} -> {new_key}: requests={len(final)} failed={len(failures)} "
+          f"retried-connections={sum(e['outcome'].startswith('retry') for e in lines)}")
+    assert len(final) >= 10 and not failures
 
 
 def test_helm_uninstall_removes_what_the_operator_created(kind_cluster, release, serve_ns):
