@@ -94,7 +94,7 @@ docker exec "$builder" bash -euc '
   rm -f /tmp/containerd.log' >&2
 docker commit \
   --change 'ENTRYPOINT ["/usr/local/bin/inferfleet-node-prelude", "/usr/local/bin/entrypoint", "/sbin/init"]' \
-  --change 'CMD []' --change 'STOPSIGNAL SIGRTMIN+3' --change 'ENV container=docker' \
+  --change 'CMD []' \
   "$builder" "$name" >/dev/null
 docker rmi "$name-fs" >/dev/null 2>&1 || true
 log "Assembled $name in $(( $(date +%s) - began )) s"

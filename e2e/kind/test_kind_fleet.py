@@ -194,16 +194,16 @@ body = {"model": "demo", "prompt": "Beautiful is better than", "max_tokens": 4, 
 end = time.time() + seconds
 with httpx.Client(timeout=30) as client:
     while time.time() < end:
-        outcome = "fail"
         for attempt in range(3):  # like the openai client: connection errors are retried
             try:
                 r = client.post(url, json=body)
                 outcome = "ok" if r.status_code == 200 and r.json()["choices"][0]["text"] else f"http{r.status_code}"
                 break
             except httpx.TransportError as error:
-                outcome = f"retry:{type(error).__name__}"
-                print(json.dumps({"t": time.time(), "outcome": outcome}), flush=True)
+                print(json.dumps({"t": time.time(), "outcome": f"retry:{type(error).__name__}"}), flush=True)
                 time.sleep(0.2)
+        else:
+            outcome = "failed after 3 attempts"
         print(json.dumps({"t": time.time(), "outcome": outcome}), flush=True)
 """
 
