@@ -65,6 +65,8 @@ spec:
   engine: {maxContextLength: 256, maxBatchSize: 4, dtype: float32}
   replicas: 4
   resources: {cpu: 250m, memory: 1536Mi}
+  placement:
+    tolerations: [{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}]  # the simulated GPU nodes
 YAML
 until [ "$(kubectl get deployment demo-cpu-amd64 -n "$workloads" -o jsonpath='{.status.readyReplicas}' 2>/dev/null)" = 1 ]; do
   sleep 2

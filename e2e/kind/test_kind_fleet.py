@@ -29,7 +29,9 @@ MANAGED = "app.kubernetes.io/managed-by=inferfleet-operator"
 MODEL = "demo"
 CPU_POOL = "cpu-amd64"
 ENGINE = {"maxContextLength": 256, "maxBatchSize": 4, "dtype": "float32"}
-SMALL = {"cpu": "250m", "memory": "1536Mi"}  # two replicas fit beside kube-system on a 2-core node
+SMALL = {"cpu": "250m", "memory": "1536Mi"}
+# up.sh taints the simulated GPU nodes so that only pods meant for them land there.
+KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}  # two replicas fit beside kube-system on a 2-core node
 
 
 def _split(image: str) -> tuple[str, str]:
@@ -40,6 +42,9 @@ def _split(image: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def release(kind_cluster):
     """The chart installed with the project's images: operator, CRDs, RBAC, default runtimes."""
+    # A reused cluster may hold the release of a session that was killed: the CRDs can have one owner.
+    for old in json.loads(kind_cluster.helm("list", "--all-namespaces", "--output", "json").stdout or "[]"):
+        kind_cluster.helm("uninstall", old["name"], "--namespace", old["namespace"], "--wait", timeout=300)
     namespace = kind_cluster.create_namespace(f"inferfleet-{SUFFIX}", labels=RESTRICTED)
     repo, tag = _split(kind_cluster.operator_image)
     rt_repo, rt_tag = _split(kind_cluster.runtime_image)
@@ -171,7 +176,9 @@ def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluste
 
 
 def test_simulated_gpu_pools_get_their_deployments_in_the_same_cluster(kind_cluster, serve_ns):
-    kind_cluster.apply(_service("fleet", ["nvidia", "amd", "intel"], 3, runtime={"policy": "Auto"}), namespace=serve_ns)
+    fleet = _service("fleet", ["nvidia", "amd", "intel"], 3, runtime={"policy": "Auto"})
+    fleet["spec"]["placement"]["tolerations"] = [KWOK_TOLERATION]
+    kind_cluster.apply(fleet, namespace=serve_ns)
 
     def gpu_deployments() -> dict[str, dict]:
         found = {d["metadata"]["name"]: d for d in kind_cluster.items("deployments", serve_ns, "inferfleet.dev/service=fleet")}

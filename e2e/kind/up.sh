@@ -96,6 +96,9 @@ done > "$state/kwok-stages.yaml"
 sed "s|KWOK_IMAGE|$kwok_image|" "$here/kwok.yaml" | "${kubectl[@]}" apply -f - >/dev/null
 "${kubectl[@]}" -n kube-system rollout status deployment/kwok-controller --timeout 120s >&2
 for f in nvidia-h100 amd-mi300x intel-max1550; do "${kubectl[@]}" apply -f "$root/e2e/nodes/$f.yaml" >/dev/null; done
+# Tainted here (not in the shared fixtures): a pod that does not ask for a simulated GPU node, such as
+# the operator's, must land on the real node, or KWOK would "run" it without running anything.
+"${kubectl[@]}" taint nodes -l type=kwok kwok.x-k8s.io/node=fake:NoSchedule --overwrite >/dev/null
 "${kubectl[@]}" wait --for condition=Ready node --all --timeout 120s >/dev/null
 {
   echo "KUBECONFIG=$state/kubeconfig"
