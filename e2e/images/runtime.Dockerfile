@@ -13,7 +13,7 @@
 #   ROCm: TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm<version> (the ROCm build of torch
 #     and its Triton); run with /dev/kfd and /dev/dri. Tag it inferfleet/runtime-rocm.
 ARG BASE_IMAGE=debian:bookworm
-FROM ${BASE_IMAGE} AS build
+FROM ${BASE_IMAGE} AS deps
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       python3 python3-venv ca-certificates \
@@ -31,11 +31,15 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['runtime']))" > /
  && if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
  && if [ -n "$TORCH_INDEX_URL" ]; then pip install -q --index-url "$TORCH_INDEX_URL" torch; fi \
  && pip install -q -r /tmp/requirements.txt
+
+# The project itself as a wheel: in the final image it is a small layer of its own above the
+# dependencies' layer, which stays the same (and is loaded into clusters once) across source changes.
+FROM deps AS wheel
 COPY README.md /src/README.md
 COPY runtime /src/runtime
 COPY operator /src/operator
 RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
- && pip install -q --no-deps /src && inferfleet-runtime --help >/dev/null
+ && pip wheel -q --no-deps -w /wheels /src
 
 FROM ${BASE_IMAGE}
 # g++ with OpenMP: AOTInductor compiles engines with it (compile Jobs run this image).
@@ -44,10 +48,12 @@ RUN apt-get update -qq \
       python3 python3-dev g++ libgomp1 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 1000 inferfleet && useradd --uid 1000 --gid 1000 --home-dir /tmp --no-create-home inferfleet
-COPY --from=build /opt/inferfleet /opt/inferfleet
+COPY --from=deps /opt/inferfleet /opt/inferfleet
+COPY --from=wheel /wheels /wheels
 # The pods run with a read-only root filesystem: every cache goes under /tmp (an emptyDir there).
 ENV PATH=/opt/inferfleet/bin:$PATH HOME=/tmp XDG_CACHE_HOME=/tmp/cache PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor
+RUN pip install -q --no-cache-dir --no-deps --no-index /wheels/*.whl && rm -rf /wheels && inferfleet-runtime --help >/dev/null
 USER 1000:1000
 WORKDIR /tmp
 ENTRYPOINT ["inferfleet-runtime"]

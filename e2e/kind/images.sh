@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the project's images with the local Docker engine, each tagged by the hash of its inputs
-# (Dockerfile, base image, pyproject.toml, README.md, runtime/, operator/) and built only when no
+# (Dockerfile, base image, pyproject.toml, runtime/, operator/) and built only when no
 # image of that tag exists. Also tags each with the chart's appVersion, so the chart's default
 # image names resolve to these builds. Prints one "NAME=IMAGE:TAG" line per image on stdout.
 #   images.sh [runtime] [operator]      (default: both)
@@ -12,13 +12,16 @@ bash "$here/docker.sh"
 base=$(bash "$here/base-image.sh")
 base_id=$(docker image inspect -f '{{.Id}}' "$base")
 app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$root/charts/inferfleet/Chart.yaml")
-inputs=(pyproject.toml README.md runtime operator e2e/images)
+inputs=(pyproject.toml runtime operator e2e/images)
 # The host's CA bundle goes into the build context (not into the hash): pip in the build stage
 # trusts what the host trusts, which matters behind a TLS-inspecting proxy.
 ca_dir=$(mktemp -d "${TMPDIR:-/tmp}/inferfleet-images.XXXXXX")
 trap 'rm -rf "$ca_dir"' EXIT
 ca_file=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
 if [ -s "$ca_file" ]; then cp "$ca_file" "$ca_dir/build-ca.crt"; else : > "$ca_dir/build-ca.crt"; fi
+# pyproject.toml names README.md as the package's long description; a stub stands in for it, so
+# editing the README neither rebuilds nor changes an image.
+echo "inferfleet: see the project's README.md" > "$ca_dir/README.md"
 
 # sha256 over every input file's path and content (caches and bytecode left out).
 inputs_hash() {
@@ -35,7 +38,7 @@ build() {
   else
     log "Building $tag from e2e/images/$kind.Dockerfile (base $base; the runtime's torch is a large download the first time)"
     began=$(date +%s)
-    (cd "$root" && tar -c --exclude=__pycache__ --exclude='*.pyc' "${inputs[@]}" -C "$ca_dir" build-ca.crt) |
+    (cd "$root" && tar -c --exclude=__pycache__ --exclude='*.pyc' "${inputs[@]}" -C "$ca_dir" README.md build-ca.crt) |
       DOCKER_BUILDKIT=0 docker build -q -f "e2e/images/$kind.Dockerfile" --build-arg "BASE_IMAGE=$base" \
         --build-arg "TORCH_INDEX_URL=${INFERFLEET_TORCH_INDEX_URL:-}" \
         --label "dev.inferfleet.inputs=$hash" -t "$tag" - >&2
