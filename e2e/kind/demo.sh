@@ -64,6 +64,7 @@ spec:
   model: {name: demo, uri: pvc://models/demo}
   engine: {maxContextLength: 256, maxBatchSize: 4, dtype: float32}
   replicas: 4
+  pools: [{name: cpu-amd64, replicas: 1}]  # one real pod; the other three spread over the GPU pools
   resources: {cpu: 250m, memory: 1536Mi}
   placement:
     tolerations: [{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}]  # the simulated GPU nodes
@@ -74,9 +75,12 @@ until [ "$(kubectl get deployment demo-cpu-amd64 -n "$workloads" -o jsonpath='{.
 done
 step "The CPU pool's pod passed readiness with the model loaded"
 kubectl get infsvc demo -n "$workloads" -o wide
+echo "Pools (engine, runtime, why):"
+kubectl get infsvc demo -n "$workloads" \
+  -o jsonpath='{range .status.pools[*]}  {.name}: {.engine} ({.runtime}) - {.choiceReason}{"\n"}{end}'
 kubectl get deployments -n "$workloads" -o wide
 
-step "Chat completion through the Service (kubectl port-forward to a real CPU pod)"
+step "Chat completion from the real CPU pod (kubectl port-forward; the Service also spans the simulated pods)"
 pod=$(kubectl get pods -n "$workloads" -l inferfleet.dev/pool=cpu-amd64 -o jsonpath='{.items[0].metadata.name}')
 kubectl port-forward -n "$workloads" "pod/$pod" 18765:8000 >/dev/null 2>&1 &
 forward=$!
