@@ -9,6 +9,12 @@ if [ -x "$root/e2e/cluster/build.sh" ]; then
   INFERFLEET_CLUSTER_BIN=$(bash "$root/e2e/cluster/build.sh")
   export INFERFLEET_CLUSTER_BIN
 fi
+# The kind tier's images, node image and kind binary, built (or found cached) ahead of pytest so
+# their cold builds are not counted against a test's timeout. Where no Docker engine can run, the
+# tier's tests skip and say why; any other failure shows again, with its log, in the tier's tests.
+if [ -x "$root/e2e/kind/build.sh" ]; then
+  bash "$root/e2e/kind/build.sh" || echo "[tests] e2e/kind/build.sh failed; the kind tier will report why" >&2
+fi
 cd "$root"
 # This checkout's code, also in subprocesses, whichever checkout the shared venv was installed from.
 export PYTHONPATH="$root/runtime:$root/operator${PYTHONPATH:+:$PYTHONPATH}"

@@ -33,32 +33,12 @@ progress() { step=$((step + 1)); log "($step/$todo) Building $*"; }
 began=$(date +%s)
 log "Building $todo binaries into $bin (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
 
-# Kubernetes' go.mod maps its staging modules (k8s.io/api, k8s.io/client-go, ...) to ./staging at
-# v0.0.0, so a wrapper module requires k8s.io/kubernetes and replaces each with its published v0.N.P.
+# shellcheck source=kube-wrapper.sh
+source "$here/kube-wrapper.sh"
 build_kubernetes() {
-  local dir="$cache/go-work/kubernetes-$K8S_VERSION" minor=${K8S_VERSION#v1.} staging gomod
-  mkdir -p "$dir"
-  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  staging=$(grep -E '=> \./staging/' "$gomod" | awk '{print $1}')
-  [ -n "$staging" ] || { log "Found no staging replaces in $gomod"; return 1; }
-  {
-    echo "module inferfleet.local/kubernetes-wrapper"
-    echo "go 1.26"
-    echo "require k8s.io/kubernetes $K8S_VERSION"
-    for m in $staging; do echo "replace $m => $m v0.$minor"; done
-  } > "$dir/go.mod"
-  printf '//go:build tools\n\npackage tools\n\nimport (\n' > "$dir/tools.go"
-  for t in "${kube_tools[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$t" >> "$dir/tools.go"; done
-  printf ')\n' >> "$dir/tools.go"
-  # Version stamps as upstream's hack/lib/version.sh sets them; unstamped binaries report
-  # v0.0.0-master, which breaks version checks in kubectl, kwokctl and helm.
-  local ld="" date
-  date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor%%.*}"
-    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
-  done
-  (cd "$dir" && { go mod tidy -e >&2 2>/dev/null || true; } && go get "k8s.io/kubernetes@$K8S_VERSION" >&2)
+  local dir="$cache/go-work/kubernetes-$K8S_VERSION" ld
+  kube_wrapper_module "$dir" "$K8S_VERSION" "${kube_tools[@]}"
+  ld=$(kube_version_ldflags "$K8S_VERSION")
   for t in "${kube_tools[@]}"; do
     [ -x "$bin/$t" ] && continue
     progress "$t $K8S_VERSION"

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The main job, end to end on this machine: a kind cluster with a real CPU node and simulated
+# NVIDIA/AMD/Intel GPU pools (e2e/kind/up.sh), the operator installed by its chart from the
+# project's images, one InferenceService applied, `kubectl get infsvc -o wide` showing each pool's
+# engine and why, and a chat completion answered by a real serving pod through the Service.
+# The cluster stays up afterwards (KUBECONFIG is printed); e2e/kind/down.sh deletes it.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+began=$(date +%s)
+step() { echo "[demo] $* (at $(( $(date +%s) - began )) s)" >&2; }
+venv=$(bash "$root/e2e/bootstrap.sh")
+env_file=$(bash "$here/up.sh")
+# shellcheck disable=SC1090
+source "$env_file"
+bin=${INFERFLEET_CLUSTER_BIN:-$(bash "$root/e2e/cluster/build.sh")}
+export KUBECONFIG
+kubectl() { "$bin/kubectl" "$@"; }
+namespace=inferfleet-system
+workloads=inferfleet-demo
+restricted=(pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest)
+
+step "Installing the chart (operator ${OPERATOR_IMAGE}, paged-cpu runtime ${RUNTIME_IMAGE})"
+for ns in "$namespace" "$workloads"; do
+  kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl label namespace "$ns" --overwrite "${restricted[@]}" >/dev/null
+done
+sets=(--set "image.repository=${OPERATOR_IMAGE%:*}" --set "image.tag=${OPERATOR_IMAGE##*:}" --set image.pullPolicy=Never
+  --set "runtimes.items.paged-cpu.image.repository=${RUNTIME_IMAGE%:*}" --set "runtimes.items.paged-cpu.image.tag=${RUNTIME_IMAGE##*:}"
+  --set engineCache.create=false --set engineCache.existingClaim=engine-cache)
+"$bin/helm" upgrade --install inferfleet "$root/charts/inferfleet" --namespace "$namespace" "${sets[@]}" --wait --timeout 5m >/dev/null
+"$bin/helm" upgrade inferfleet "$root/charts/inferfleet" --namespace "$namespace" --reuse-values >/dev/null  # default runtimes
+
+step "Making the built-in model and offering it on a claim (pvc://models/demo)"
+"$venv/bin/inferfleet-runtime" demo-model --out "$MODELS_DIR/demo" >&2
+chmod -R a+rX "$MODELS_DIR"
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: inferfleet-demo-models}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadOnlyMany]
+  storageClassName: ""
+  hostPath: {path: $MODELS_NODE_DIR}
+  claimRef: {namespace: $workloads, name: models}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: models, namespace: $workloads}
+spec: {accessModes: [ReadOnlyMany], storageClassName: "", volumeName: inferfleet-demo-models, resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: engine-cache, namespace: $workloads}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+YAML
+
+step "Applying InferenceService demo (every pool: the real CPU node and the simulated GPU pools)"
+kubectl apply -n "$workloads" -f - >/dev/null <<'YAML'
+apiVersion: inferfleet.dev/v1alpha1
+kind: InferenceService
+metadata: {name: demo}
+spec:
+  model: {name: demo, uri: pvc://models/demo}
+  engine: {maxContextLength: 256, maxBatchSize: 4, dtype: float32}
+  replicas: 4
+  pools: [{name: cpu-amd64, replicas: 1}]  # one real pod; the other three spread over the GPU pools
+  resources: {cpu: 250m, memory: 1536Mi}
+  placement:
+    tolerations: [{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}]  # the simulated GPU nodes
+YAML
+until [ "$(kubectl get deployment demo-cpu-amd64 -n "$workloads" -o jsonpath='{.status.readyReplicas}' 2>/dev/null)" = 1 ]; do
+  sleep 2
+  [ $(( $(date +%s) - began )) -lt 3600 ] || { echo "[demo] The CPU pool did not become ready" >&2; exit 1; }
+done
+step "The CPU pool's pod passed readiness with the model loaded"
+kubectl get infsvc demo -n "$workloads" -o wide
+echo "Pools (engine, runtime, why):"
+kubectl get infsvc demo -n "$workloads" \
+  -o jsonpath='{range .status.pools[*]}  {.name}: {.engine} ({.runtime}) - {.choiceReason}{"\n"}{end}'
+kubectl get deployments -n "$workloads" -o wide
+
+step "Chat completion from the real CPU pod (kubectl port-forward; the Service also spans the simulated pods)"
+pod=$(kubectl get pods -n "$workloads" -l inferfleet.dev/pool=cpu-amd64 -o jsonpath='{.items[0].metadata.name}')
+kubectl port-forward -n "$workloads" "pod/$pod" 18765:8000 >/dev/null 2>&1 &
+forward=$!
+trap 'kill $forward 2>/dev/null || true' EXIT
+"$venv/bin/python" - <<'PY'
+import time, httpx, openai
+for _ in range(60):
+    try:
+        httpx.get("http://127.0.0.1:18765/ready", timeout=2); break
+    except httpx.HTTPError:
+        time.sleep(0.5)
+client = openai.OpenAI(base_url="http://127.0.0.1:18765/v1", api_key="unused")
+question = "Complete: Beautiful is"
+began = time.monotonic()
+reply = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": question}],
+                                       max_tokens=24, temperature=0)
+print(f"user:      {question}")
+print(f"assistant: {reply.choices[0].message.content}   ({time.monotonic() - began:.2f} s)")
+PY
+step "Done; export KUBECONFIG=$KUBECONFIG (e2e/kind/down.sh deletes the cluster)"

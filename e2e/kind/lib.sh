@@ -1,0 +1,27 @@
+# Shared by the kind scripts: pins, cache folders, logging, and whether this host needs the
+# unprivileged workaround for kind's `docker run --privileged`.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+here="$root/e2e/kind"
+# shellcheck source=../cluster/pins.env
+source "$root/e2e/cluster/pins.env"
+# shellcheck source=pins.env
+source "$here/pins.env"
+cache=${INFERFLEET_CACHE:-$HOME/.cache/inferfleet}
+
+log() { echo "[kind] $*" >&2; }
+
+# Exit 0 when a privileged container cannot start here (the known failure, nothing else), so the
+# docker shim and the node prelude are needed; the image used is one that is already present.
+needs_unprivileged_workaround() {
+  local image=$1 out
+  out=$(docker run --rm --privileged --entrypoint true "$image" 2>&1) && return 1
+  case "$out" in
+    *"apply caps"*|*"operation not permitted"*) return 0 ;;
+    *) log "docker run --privileged failed: $out"; return 1 ;;
+  esac
+}
+
+# The docker flags that replace --privileged where it fails (the same as docker-shim/docker's).
+unprivileged_run_flags=(--cap-add=ALL --cap-drop=SYS_RESOURCE --security-opt seccomp=unconfined
+  --security-opt apparmor=unconfined --security-opt systempaths=unconfined
+  "--device-cgroup-rule=a *:* rwm" --device=/dev/kmsg)

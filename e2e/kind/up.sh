@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Brings up (or reuses) this work tree's kind cluster with real CPU capacity and simulated GPU
+# pools: Docker engine, the project's images, a node image at the pinned Kubernetes version, one
+# control-plane node that also runs workloads, the images loaded, the KWOK controller deployed into
+# the cluster with the NVIDIA/AMD/Intel fake nodes from e2e/nodes/. Writes $state/env (KUBECONFIG,
+# image names, cluster name) and prints its path on stdout; progress with timings on stderr.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+state=${INFERFLEET_KIND_STATE:-$root/e2e/.state-kind}
+cluster=${INFERFLEET_KIND_CLUSTER:-inferfleet-$(echo "$root" | sha256sum | cut -c1-6)}
+mkdir -p "$state/models"
+began=$(date +%s)
+step() { log "$* (at $(( $(date +%s) - began )) s)"; }
+
+step "Docker engine"
+bash "$here/docker.sh"
+step "Images (built only when their inputs changed)"
+images=$(bash "$here/images.sh")
+runtime_image=$(echo "$images" | sed -n 's/^runtime=//p')
+operator_image=$(echo "$images" | sed -n 's/^operator=//p')
+step "Node image for Kubernetes $K8S_VERSION"
+node_image=$(bash "$here/node-image.sh")
+step "kind $KIND_VERSION and the control-plane tools"
+node_bin=$(bash "$here/node-bins.sh")
+cp_bin=${INFERFLEET_CLUSTER_BIN:-$(bash "$root/e2e/cluster/build.sh")}
+kind=("$node_bin/kind")
+kubectl=("$cp_bin/kubectl" --kubeconfig "$state/kubeconfig")
+
+if needs_unprivileged_workaround "$node_image"; then
+  log "docker run --privileged fails on this host: kind runs through e2e/kind/docker-shim"
+  export INFERFLEET_REAL_DOCKER PATH
+  INFERFLEET_REAL_DOCKER=$(command -v docker)
+  PATH="$here/docker-shim:$PATH"
+fi
+
+node="$cluster-control-plane"
+if "${kind[@]}" get clusters 2>/dev/null | grep -qxF "$cluster"; then
+  if [ "$(docker inspect -f '{{.Config.Image}}' "$node" 2>/dev/null)" = "$node_image" ] &&
+     [ "$(docker inspect -f '{{.State.Running}}' "$node" 2>/dev/null)" = true ] &&
+     "${kind[@]}" get kubeconfig --name "$cluster" > "$state/kubeconfig" 2>/dev/null &&
+     "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1; then
+    step "Reusing kind cluster $cluster"
+  else
+    step "Deleting kind cluster $cluster (stale node image or not running)"
+    "${kind[@]}" delete cluster --name "$cluster" >&2
+  fi
+fi
+if ! "${kind[@]}" get clusters 2>/dev/null | grep -qxF "$cluster"; then
+  step "Creating kind cluster $cluster"
+  {
+    echo "kind: Cluster"
+    echo "apiVersion: kind.x-k8s.io/v1alpha4"
+    # The assembled node image has no kindnetd: its bridge CNI config serves the single node.
+    case "$node_image" in inferfleet/*) printf 'networking:\n  disableDefaultCNI: true\n' ;; esac
+    echo "nodes:"
+    echo "  - role: control-plane"
+    echo "    extraMounts:"
+    echo "      - {hostPath: $state/models, containerPath: /inferfleet-models, readOnly: true}"
+    # kubelet >= 1.35 refuses cgroup v1 hosts unless told otherwise.
+    if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+      printf 'kubeadmConfigPatches:\n  - |\n    kind: KubeletConfiguration\n    failCgroupV1: false\n'
+    fi
+  } > "$state/kind-config.yaml"
+  "${kind[@]}" create cluster --name "$cluster" --image "$node_image" --config "$state/kind-config.yaml" \
+    --kubeconfig "$state/kubeconfig" --wait 180s >&2
+fi
+
+step "Loading images into the node (skipped for those it already has)"
+kwok_bin="$cp_bin/kwok"
+kwok_image="inferfleet/kwok:$KWOK_VERSION"
+if ! docker image inspect "$kwok_image" >/dev/null 2>&1; then
+  kwok_ctx=$(mktemp -d); cp "$kwok_bin" "$kwok_ctx/kwok"
+  printf 'FROM scratch\nCOPY kwok /kwok\nUSER 65532\nENTRYPOINT ["/kwok"]\n' > "$kwok_ctx/Dockerfile"
+  DOCKER_BUILDKIT=0 docker build -q -t "$kwok_image" "$kwok_ctx" >/dev/null; rm -rf "$kwok_ctx"
+fi
+for image in "$operator_image" "$kwok_image" "$runtime_image"; do
+  id=$(docker image inspect -f '{{.Id}}' "$image")
+  if docker exec "$node" crictl inspecti -q "docker.io/$image" 2>/dev/null | grep -qF "$id"; then
+    log "  $image: present"
+  else
+    t=$(date +%s)
+    "${kind[@]}" load docker-image --name "$cluster" "$image" >/dev/null 2>&1
+    log "  $image: loaded in $(( $(date +%s) - t )) s"
+  fi
+done
+
+step "KWOK controller and the simulated GPU nodes"
+kwok_mod=$(GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+stages="$kwok_mod/kustomize/stage"
+for f in "$stages/node/fast/node-initialize.yaml" "$stages/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
+  "$stages/pod/fast/pod-ready.yaml" "$stages/pod/fast/pod-delete.yaml" "$root"/e2e/cluster/stages/*.yaml; do
+  cat "$f"; echo "---"
+done > "$state/kwok-stages.yaml"
+"${kubectl[@]}" -n kube-system create configmap kwok-stages --from-file=stages.yaml="$state/kwok-stages.yaml" \
+  --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
+sed "s|KWOK_IMAGE|$kwok_image|" "$here/kwok.yaml" | "${kubectl[@]}" apply -f - >/dev/null
+"${kubectl[@]}" -n kube-system rollout status deployment/kwok-controller --timeout 120s >&2
+for f in nvidia-h100 amd-mi300x intel-max1550; do "${kubectl[@]}" apply -f "$root/e2e/nodes/$f.yaml" >/dev/null; done
+# Tainted here (not in the shared fixtures): a pod that does not ask for a simulated GPU node, such as
+# the operator's, must land on the real node, or KWOK would "run" it without running anything.
+"${kubectl[@]}" taint nodes -l type=kwok kwok.x-k8s.io/node=fake:NoSchedule --overwrite >/dev/null
+"${kubectl[@]}" wait --for condition=Ready node --all --timeout 120s >/dev/null
+{
+  echo "KUBECONFIG=$state/kubeconfig"
+  echo "KIND_CLUSTER=$cluster"
+  echo "KIND_NODE=$node"
+  echo "RUNTIME_IMAGE=$runtime_image"
+  echo "OPERATOR_IMAGE=$operator_image"
+  echo "MODELS_DIR=$state/models"
+  echo "MODELS_NODE_DIR=/inferfleet-models"
+} > "$state/env"
+step "kind cluster $cluster up; export KUBECONFIG=$state/kubeconfig"
+echo "$state/env"
