@@ -79,22 +79,23 @@ def test_a_missing_engine_cache_claim_holds_the_build_and_is_named_until_it_exis
 
 
 def test_a_refused_deployment_is_reported_with_the_api_servers_message(cluster, ns, operator):
-    # The CRD takes any toleration value up to 63 characters; a pod template takes label values only.
-    bad = {**ON_AMD, "tolerations": [{"key": "example.com/dedicated", "operator": "Equal",
-                                      "value": "not a label value!", "effect": "NoSchedule"}]}
-    cluster.apply(service_manifest("refused", placement=bad), namespace=ns)
+    # A namespace quota that admits no Deployment: admission of the service cannot foresee it, the
+    # API server refuses the operator's write (403 exceeded quota).
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-deployments"},
+             "spec": {"hard": {"count/deployments.apps": "0"}}}
+    cluster.apply(quota, namespace=ns)
+    wait_for(lambda: ((cluster.get("resourcequota", "no-deployments", ns) or {}).get("status") or {}).get("hard"),
+             timeout=30, message="the quota's usage computed by the quota controller")
+    cluster.apply(service_manifest("refused", placement=ON_AMD), namespace=ns)
     degraded = _degraded_with(cluster, ns, "refused", "ApplyFailed")
     assert "Deployment refused-amd-mi300x" in degraded["message"]
-    assert "spec.template.spec.tolerations[0]" in degraded["message"]
-    assert "not a label value!" in degraded["message"]
-    assert "not a label value!" in _warning(cluster, ns, "refused", "ApplyFailed")["message"]
+    assert "exceeded quota: no-deployments" in degraded["message"]
+    assert "exceeded quota: no-deployments" in _warning(cluster, ns, "refused", "ApplyFailed")["message"]
 
     # Fixed by the user: the Deployment is created and Degraded goes back to False.
-    fixed = {**ON_AMD, "tolerations": [{"key": "example.com/dedicated", "operator": "Equal",
-                                        "value": "inference", "effect": "NoSchedule"}]}
-    cluster.apply(service_manifest("refused", placement=fixed), namespace=ns)
+    cluster.kubectl("delete", "resourcequota", "no-deployments", "-n", ns)
     wait_for(lambda: (condition(cluster.get("inferenceservice", "refused", ns), "Degraded") or {}
-                      ).get("status") == "False", timeout=60, message="Degraded back to False")
+                      ).get("status") == "False", timeout=90, message="Degraded back to False")
     assert cluster.get("deployment", "refused-amd-mi300x", ns) is not None
     warnings = [e for e in events(cluster, ns, "refused") if e["reason"] == "ApplyFailed"]
     assert len(warnings) == 1 and warnings[0].get("count", 1) == 1, "retries post no second Event"
