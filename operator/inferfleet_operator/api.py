@@ -78,9 +78,6 @@ class EngineEnvelope:
     tensor_parallel_size: int = 1
     block_size: int = 16
 
-    def as_dict(self) -> dict:
-        return to_dict(self)
-
 
 @dataclass(frozen=True)
 class RuntimeSpec:

@@ -6,7 +6,6 @@ import decimal
 import hashlib
 import json
 import re
-from collections.abc import Iterable
 from typing import Any
 
 APPLIED_HASH_ANNOTATION = "inferfleet.dev/applied-hash"
@@ -99,9 +98,3 @@ def strip_object(obj: dict, keep_status: bool = True) -> dict:
     out = {k: v for k, v in obj.items() if k != "metadata" and (keep_status or k != "status")}
     out["metadata"] = meta
     return out
-
-
-def owner_keys(obj: dict) -> Iterable[tuple[str, str]]:
-    """(kind, name) of each owner named in an object's ownerReferences."""
-    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
-        yield ref.get("kind", ""), ref.get("name", "")

@@ -16,7 +16,7 @@ import httpx
 
 from .credentials import Credentials
 # Re-exported: callers that predate the split import these from here.
-from .diff import (APPLIED_HASH_ANNOTATION, applied_hash, is_subset, needs_apply, owner_keys,  # noqa: F401
+from .diff import (APPLIED_HASH_ANNOTATION, applied_hash, is_subset, needs_apply,  # noqa: F401
                    parse_quantity, strip_object, with_applied_hash)
 
 FIELD_MANAGER = "inferfleet-operator"

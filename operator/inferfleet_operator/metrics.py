@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from .api import BUILD_STATES
 from .kube import WRITE_VERBS
 
-BUILD_STATES = ("Pending", "Building", "Ready", "Failed")
 
 
 class _BuildStates:

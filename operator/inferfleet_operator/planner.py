@@ -28,7 +28,7 @@ from .pools import Pool, group_pools
 from .replicas import distribute, pool_capacity
 from .service_status import build_status, pool_events
 
-__all__ = ["ENGINE_KEY_ANNOTATION", "ClusterView", "ServicePlan", "ViewCache", "cluster_view", "plan_service", "plan_service_in"]
+__all__ = ["ENGINE_KEY_ANNOTATION", "ClusterView", "ServicePlan", "cluster_view", "plan_service", "plan_service_in"]
 
 
 @dataclass
@@ -74,34 +74,6 @@ def cluster_view(nodes: list[dict], runtimes: list[dict]) -> ClusterView:
         except SpecError as error:
             invalid.append(((obj.get("metadata") or {}).get("name", ""), str(error)))
     return ClusterView(tuple(group_pools(nodes)), tuple(parsed), tuple(invalid))
-
-
-class ViewCache:
-    """The last ClusterView, rebuilt only when the nodes or runtimes changed (by name and resourceVersion).
-    Owned by the caller (e.g. the operator's context), so no module holds state; objects without a
-    resourceVersion always rebuild."""
-
-    def __init__(self) -> None:
-        self._fingerprint: tuple | None = None
-        self._view: ClusterView | None = None
-
-    @staticmethod
-    def _fingerprint_of(objects: list[dict]) -> tuple | None:
-        out = []
-        for obj in objects:
-            meta = obj.get("metadata") or {}
-            if not meta.get("resourceVersion"):
-                return None
-            out.append((meta.get("name"), meta["resourceVersion"]))
-        return tuple(sorted(out))
-
-    def view(self, nodes: list[dict], runtimes: list[dict]) -> ClusterView:
-        node_print, runtime_print = self._fingerprint_of(nodes), self._fingerprint_of(runtimes)
-        fingerprint = None if node_print is None or runtime_print is None else (node_print, runtime_print)
-        if fingerprint is None or fingerprint != self._fingerprint or self._view is None:
-            self._view = cluster_view(nodes, runtimes)
-            self._fingerprint = fingerprint
-        return self._view
 
 
 def plan_service(

@@ -8,14 +8,6 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 
 
-class Requeue(Exception):
-    """Raised by a reconcile that waits on the world: run it again after `delay` seconds."""
-
-    def __init__(self, delay: float, message: str = ""):
-        super().__init__(message or f"requeued after {delay:g}s")
-        self.delay = delay
-
-
 class WorkQueue:
     """Runs `work(key)` for enqueued keys, like a controller-runtime workqueue.
 
@@ -24,7 +16,7 @@ class WorkQueue:
     `fast=True` (a change that may finish a rollout, such as a Deployment's readiness) take the next
     free slot ahead of the others, so they do not queue behind a backlog of first reconciles.
     `work` returns None or seconds until it wants to run again. An exception with a `delay`
-    attribute (Requeue, kopf.TemporaryError) retries after that delay; any other exception retries
+    attribute (kopf.TemporaryError) retries after that delay; any other exception retries
     after the next of `error_delays`, which reset on success.
     """
 

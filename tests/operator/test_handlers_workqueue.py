@@ -4,7 +4,15 @@ import asyncio
 
 import pytest
 
-from inferfleet_operator.workqueue import Requeue, WorkQueue
+from inferfleet_operator.workqueue import WorkQueue
+
+
+class Requeue(Exception):
+    """An error with a `delay`, as kopf.TemporaryError has: retried after that delay."""
+
+    def __init__(self, delay: float):
+        super().__init__(f"requeued after {delay:g}s")
+        self.delay = delay
 
 
 async def _until(predicate, what: str, timeout: float = 5.0) -> None:

@@ -232,24 +232,6 @@ def test_pools_given_no_replicas_are_not_counted_as_serving():
     assert idle and all(e["reason"] == "NoReplicasAssigned" for e in idle)
 
 
-def test_view_cache_reuses_the_classification_until_a_node_changes():
-    from inferfleet_operator.planner import ViewCache, plan_service_in
-
-    nodes = [h100("h1"), mi300x("m1")]
-    for i, n in enumerate(nodes):
-        n["metadata"]["resourceVersion"] = str(i + 1)
-    runtimes = [r | {"metadata": r["metadata"] | {"resourceVersion": "9"}} for r in RUNTIMES]
-    cache = ViewCache()
-    first = cache.view(nodes, runtimes)
-    assert cache.view(list(reversed(nodes)), runtimes) is first
-    nodes[1]["metadata"]["resourceVersion"] = "5"
-    nodes[1]["status"]["conditions"][0]["status"] = "False"
-    second = cache.view(nodes, runtimes)
-    assert second is not first and [p.name for p in second.pools if p.node_names] == ["nvidia-h100-80gb-hbm3"]
-    direct = plan_service(service(), nodes, runtimes, {}, {}, NOW)
-    assert plan_service_in(second, service(), {}, {}, NOW).status == direct.status
-
-
 def test_events_name_each_changed_pool_once_per_reason_and_readiness_in_one_event():
     first = plan(service(runtime={"policy": "Paged"}))
     reasons = [e.reason for e in first.events]
