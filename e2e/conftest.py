@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CLUSTER_DIR, Cluster, cluster_bin, cluster_is_up, state_dir
-from operator_process import OperatorProcess, add_engine_cache, drain, install, remove_engine_cache
+from operator_process import OperatorProcess, add_engine_cache, install, remove_engine_cache, serving
 
 
 def _keep() -> bool:
@@ -86,15 +86,8 @@ def namespace(cluster: Cluster, request) -> str:
 def operator(cluster: Cluster, tmp_path_factory, request) -> OperatorProcess:
     """The operator as a process with the installed ServiceAccount's token, one per test module."""
     work = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1].replace("test_", "").replace("_", "-"))
-    process = OperatorProcess(install(cluster, work), work / "operator.log")
-    process.start()
-    try:
+    with serving(cluster, OperatorProcess(install(cluster, work), work / "operator.log")) as process:
         yield process
-        drain(cluster)
-    finally:
-        # Stopped even when draining timed out, so that no operator of this module outlives it
-        # and acts on the next module's namespaces.
-        process.stop()
 
 
 @pytest.fixture

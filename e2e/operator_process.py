@@ -4,6 +4,7 @@ its health endpoint and Prometheus metrics, and kills or restarts it."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import signal
 import socket
@@ -306,3 +307,16 @@ def drain(cluster, timeout: float = 180) -> None:
         return left
     wait_for(lambda: not terminating(), timeout=timeout,
              message="no InferenceService or EngineBuild left in a terminating namespace (last result: those left)")
+
+
+@contextlib.contextmanager
+def serving(cluster, process: OperatorProcess):
+    """Runs `process` for a test module: started, then, once the module's namespaces are deleted,
+    kept until they drained and stopped even when draining timed out, so that no operator of this
+    module outlives it and acts on the next module's namespaces."""
+    process.start()
+    try:
+        yield process
+        drain(cluster)
+    finally:
+        process.stop()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from helpers import wait_for
-from operator_process import FAST_FLAGS, OperatorProcess, drain, events, install, service_manifest
+from operator_process import FAST_FLAGS, OperatorProcess, events, install, service_manifest, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -65,12 +65,8 @@ def operator(cluster, tmp_path_factory, stand_in):
     template = f"http://127.0.0.1:{stand_in.port}/{{namespace}}/{{pod}}/metrics"
     process = OperatorProcess(install(cluster, work), work / "operator.log",
                               FAST_FLAGS + ["--inference-pools=disabled", "--autoscale-seconds=1", f"--scrape-url-template={template}"])
-    process.start()
-    try:
+    with serving(cluster, process):
         yield process
-        drain(cluster)
-    finally:
-        process.stop()
 
 
 def _deployment(cluster, ns):

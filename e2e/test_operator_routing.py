@@ -11,7 +11,7 @@ import time
 import pytest
 
 from helpers import node_manifests, wait_for
-from operator_process import FAST_FLAGS, ROOT, SERVICE_ACCOUNT, SYSTEM_NAMESPACE, OperatorProcess, drain, install, service_manifest
+from operator_process import FAST_FLAGS, ROOT, SERVICE_ACCOUNT, SYSTEM_NAMESPACE, OperatorProcess, install, service_manifest, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -37,12 +37,10 @@ def operator(cluster, tmp_path_factory):
          "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": SYSTEM_NAMESPACE}]},
     ])  # fmt: skip
     process = OperatorProcess(kubeconfig, work / "operator.log", FAST_FLAGS + ["--inference-pools=auto"])
-    process.start()
     try:
-        yield process
-        drain(cluster)
+        with serving(cluster, process):
+            yield process
     finally:
-        process.stop()
         # Other modules' operators run without the routing RBAC: leave the cluster without the CRD.
         cluster.kubectl("delete", "-f", str(GAIE_CRD), "--ignore-not-found", "--wait=true")
         cluster.kubectl("delete", "clusterrolebinding,clusterrole", ROLE, "--ignore-not-found")
