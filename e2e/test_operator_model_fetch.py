@@ -59,8 +59,6 @@ def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(clust
                        "stringData": {"HF_TOKEN": TOKEN}}, namespace=ns)
         applied = cluster.apply(service_manifest("gated", placement={"vendors": ["cpu"]}, model={
             "name": "gated", "uri": f"hf://{REPO}", "credentialsSecret": "hub-token"}), namespace=ns, check=False)
-        if 'unknown field "spec.model.credentialsSecret"' in applied.stderr:
-            pytest.skip("spec.model.credentialsSecret is not in this CRD yet")
         assert applied.returncode == 0, applied.stderr
         deployment = wait_for(lambda: cluster.get("deployment", "gated-cpu-amd64", ns), timeout=60,
                               message="the operator's Deployment")

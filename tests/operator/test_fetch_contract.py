@@ -139,11 +139,6 @@ def test_rendered_hf_fetch_fills_the_directory_the_container_reads(variant, revi
     assert asked == {revision or "main"}
 
 
-def _gated_rendered() -> bool:
-    return all("envFrom" in RENDERED["hf-gated"][kind]["initContainers"][0] for kind in POD_KINDS)
-
-
-@pytest.mark.skipif(not _gated_rendered(), reason="spec.model.credentialsSecret is not rendered as envFrom yet")
 @pytest.mark.parametrize("kind", POD_KINDS)
 def test_rendered_gated_hf_fetch_uses_the_token_from_the_credentials_secret(kind, hub, demo_model_dir, tmp_path):
     stand_in, endpoint = hub
