@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from helpers import CLUSTER_DIR, Cluster, cluster_bin, cluster_is_up, state_dir
 from operator_process import OperatorProcess, add_engine_cache, install, remove_engine_cache, serving
 

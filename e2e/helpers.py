@@ -69,9 +69,7 @@ def cluster_bin() -> Path:
     """The folder of the pinned control-plane binaries (built on first use)."""
     if os.environ.get("INFERFLEET_CLUSTER_BIN"):
         return Path(os.environ["INFERFLEET_CLUSTER_BIN"])
-    result = subprocess.run(
-        ["bash", str(CLUSTER_DIR / "build.sh")], stdout=subprocess.PIPE, text=True, check=True
-    )
+    result = subprocess.run(["bash", str(CLUSTER_DIR / "build.sh")], stdout=subprocess.PIPE, text=True, check=True)
     return Path(result.stdout.strip().splitlines()[-1])
 
 
@@ -98,8 +96,9 @@ class Cluster:
         self.kubeconfig = Path(kubeconfig)
         self.bin = Path(bin_dir)
 
-    def _run(self, tool: str, args: Iterable[str], check: bool, input: str | None,
-             kubeconfig: Path | None, timeout: float) -> subprocess.CompletedProcess:
+    def _run(
+        self, tool: str, args: Iterable[str], check: bool, input: str | None, kubeconfig: Path | None, timeout: float
+    ) -> subprocess.CompletedProcess:
         cmd = [str(self.bin / tool), *map(str, args)]
         env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
         result = subprocess.run(cmd, input=input, capture_output=True, text=True, env=env, timeout=timeout)
@@ -107,25 +106,38 @@ class Cluster:
             raise KubectlError(cmd, result)
         return result
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
-                kubeconfig: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = True,
+        input: str | None = None,
+        kubeconfig: Path | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess:
         """Runs kubectl against the cluster (as admin unless another kubeconfig is given)."""
         return self._run("kubectl", args, check, input, kubeconfig, timeout)
 
-    def helm(self, *args: str, check: bool = True, kubeconfig: Path | None = None,
-             timeout: float = 180) -> subprocess.CompletedProcess:
+    def helm(
+        self, *args: str, check: bool = True, kubeconfig: Path | None = None, timeout: float = 180
+    ) -> subprocess.CompletedProcess:
         """Runs the pinned helm against the cluster."""
         return self._run("helm", args, check, None, kubeconfig, timeout)
 
-    def apply(self, manifest: str | Path | dict | Iterable[dict], namespace: str | None = None,
-              check: bool = True, kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+    def apply(
+        self,
+        manifest: str | Path | dict | Iterable[dict],
+        namespace: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess:
         """kubectl apply of a file or folder path, a YAML string, an object or a list of objects."""
         file_args, stdin = _manifest_text(manifest)
         ns_args = ["-n", namespace] if namespace else []
         return self.kubectl("apply", *ns_args, *file_args, check=check, input=stdin, kubeconfig=kubeconfig)
 
-    def get(self, kind: str, name: str | None = None, namespace: str | None = None,
-            selector: str | None = None) -> dict | None:
+    def get(
+        self, kind: str, name: str | None = None, namespace: str | None = None, selector: str | None = None
+    ) -> dict | None:
         """The object (or, without a name, the list) as JSON; None when it does not exist."""
         args = ["get", kind, *([name] if name else []), "-o", "json"]
         if namespace:
@@ -148,20 +160,23 @@ class Cluster:
         """Creates a namespace and waits for its default ServiceAccount, without which pods are refused."""
         manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
         self.apply(manifest)
-        wait_for(lambda: self.get("serviceaccount", "default", name), timeout=30,
-                 message=f"the default ServiceAccount in namespace {name}")
+        wait_for(
+            lambda: self.get("serviceaccount", "default", name),
+            timeout=30,
+            message=f"the default ServiceAccount in namespace {name}",
+        )
         return name
 
     def delete_namespace(self, name: str) -> None:
         """Starts deleting a namespace; the namespace controller finishes it in the background."""
         self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
 
-    def token_kubeconfig(self, service_account: str, namespace: str, path: Path,
-                         duration: str = "2h") -> Path:
+    def token_kubeconfig(self, service_account: str, namespace: str, path: Path, duration: str = "2h") -> Path:
         """Writes a kubeconfig that authenticates as a ServiceAccount with a bound token
         (`kubectl create token`), so what it may do is exactly what RBAC grants that account."""
-        token = self.kubectl("create", "token", service_account, "-n", namespace,
-                             f"--duration={duration}").stdout.strip()
+        token = self.kubectl(
+            "create", "token", service_account, "-n", namespace, f"--duration={duration}"
+        ).stdout.strip()
         admin = yaml.safe_load(self.kubeconfig.read_text())
         cluster = admin["clusters"][0]["cluster"]
         config = {
@@ -169,8 +184,16 @@ class Cluster:
             "kind": "Config",
             "clusters": [{"name": "inferfleet-e2e", "cluster": cluster}],
             "users": [{"name": f"{namespace}-{service_account}", "user": {"token": token}}],
-            "contexts": [{"name": "inferfleet-e2e", "context": {
-                "cluster": "inferfleet-e2e", "user": f"{namespace}-{service_account}", "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "inferfleet-e2e",
+                    "context": {
+                        "cluster": "inferfleet-e2e",
+                        "user": f"{namespace}-{service_account}",
+                        "namespace": namespace,
+                    },
+                }
+            ],
             "current-context": "inferfleet-e2e",
         }
         path = Path(path)
@@ -208,12 +231,15 @@ def cluster_is_up(kubeconfig: Path, bin_dir: Path) -> bool:
     """Whether the API server behind a kubeconfig answers /readyz."""
     if not Path(kubeconfig).is_file():
         return False
-    result = subprocess.run([str(Path(bin_dir) / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "--raw", "/readyz"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [str(Path(bin_dir) / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "--raw", "/readyz"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return result.returncode == 0
 
 
 def state_dir() -> Path:
     """Where up.sh keeps the cluster's state (INFERFLEET_CLUSTER_STATE overrides e2e/.state)."""
     return Path(os.environ.get("INFERFLEET_CLUSTER_STATE") or ROOT / "e2e" / ".state")
-

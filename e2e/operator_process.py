@@ -14,9 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-
 from helpers import wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 # Short timers so the e2e tier converges in seconds rather than minutes.
 FAST_FLAGS = [
@@ -50,15 +49,21 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         env.pop("KUBERNETES_SERVICE_HOST", None)  # never mistake the test runner for a pod
         scope = [] if any(a.startswith("--namespace") for a in self.args) else ["--all-namespaces"]
-        command = [sys.executable, "-m", "inferfleet_operator.main", *scope,
-                   f"--health-port={self.health_port}", f"--metrics-port={self.metrics_port}",
-                   "--instance=e2e-operator", *self.args]
+        command = [
+            sys.executable,
+            "-m",
+            "inferfleet_operator.main",
+            *scope,
+            f"--health-port={self.health_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--instance=e2e-operator",
+            *self.args,
+        ]
         self.num_starts += 1
         log = self.log_path.open("a")
         log.write(f"----- start {self.num_starts}: {' '.join(command)}\n")
         log.flush()
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         wait_for(self._healthy, timeout=timeout, message="the operator's /healthz")
 
@@ -108,8 +113,10 @@ class OperatorProcess:
         counts: dict[str, float] = {}
         for family in text_string_to_metric_families(self.metrics_text()):
             for sample in family.samples:
-                if sample.name == "inferfleet_operator_api_requests_total" and \
-                        sample.labels["verb"] not in ("get", "list"):
+                if sample.name == "inferfleet_operator_api_requests_total" and sample.labels["verb"] not in (
+                    "get",
+                    "list",
+                ):
                     key = f"{sample.labels['verb']} {sample.labels['kind']}"
                     counts[key] = counts.get(key, 0) + sample.value
         return counts
@@ -140,24 +147,35 @@ RUNTIMES = [
     ("paged-rocm", "Paged", ["amd"], [], "amd.com/gpu", 100),
     ("paged-xpu", "Paged", ["intel"], [], "", 100),
     ("paged-cpu", "Paged", ["cpu"], [], "", 10),
-    ("compiled-tensorrt", "Compiled", ["nvidia"],
-     ["sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm120"], "nvidia.com/gpu", 200),
+    (
+        "compiled-tensorrt",
+        "Compiled",
+        ["nvidia"],
+        ["sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm120"],
+        "nvidia.com/gpu",
+        200,
+    ),
 ]
 
 
 def runtime_objects() -> list[dict]:
     objects = []
     for name, engine, vendors, architectures, resource, priority in RUNTIMES:
-        spec = {"engine": engine, "vendors": vendors, "image": f"inferfleet/{name}:e2e",
-                "priority": priority}
+        spec = {"engine": engine, "vendors": vendors, "image": f"inferfleet/{name}:e2e", "priority": priority}
         if architectures:
             spec["architectures"] = architectures
         if resource:
             spec["gpuResource"] = resource
         if engine == "Compiled":
             spec["compileImage"] = f"inferfleet/{name}-compile:e2e"
-        objects.append({"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceRuntime",
-                        "metadata": {"name": name}, "spec": spec})
+        objects.append(
+            {
+                "apiVersion": "inferfleet.dev/v1alpha1",
+                "kind": "InferenceRuntime",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
     return objects
 
 
@@ -167,25 +185,44 @@ def install(cluster, work_dir: Path) -> Path:
     from inferfleet_operator.permissions import PERMISSIONS
 
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for", "condition=Established", "--timeout=60s",
-                    "crd/inferenceservices.inferfleet.dev", "crd/enginebuilds.inferfleet.dev",
-                    "crd/inferenceruntimes.inferfleet.dev")
-    cluster.apply([
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}},
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": SERVICE_ACCOUNT, "namespace": SYSTEM_NAMESPACE}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "inferfleet-operator-e2e"}, "rules": PERMISSIONS},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "inferfleet-operator-e2e"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "inferfleet-operator-e2e"},
-         "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
-                       "namespace": SYSTEM_NAMESPACE}]},
-    ])
+    cluster.kubectl(
+        "wait",
+        "--for",
+        "condition=Established",
+        "--timeout=60s",
+        "crd/inferenceservices.inferfleet.dev",
+        "crd/enginebuilds.inferfleet.dev",
+        "crd/inferenceruntimes.inferfleet.dev",
+    )
+    cluster.apply(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}},
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": SERVICE_ACCOUNT, "namespace": SYSTEM_NAMESPACE},
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "inferfleet-operator-e2e"},
+                "rules": PERMISSIONS,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "inferfleet-operator-e2e"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "inferfleet-operator-e2e",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": SYSTEM_NAMESPACE}],
+            },
+        ]
+    )
     cluster.apply(runtime_objects())
-    return cluster.token_kubeconfig(SERVICE_ACCOUNT, SYSTEM_NAMESPACE,
-                                    Path(work_dir) / "operator.kubeconfig")
+    return cluster.token_kubeconfig(SERVICE_ACCOUNT, SYSTEM_NAMESPACE, Path(work_dir) / "operator.kubeconfig")
 
 
 def exec_plugin_kubeconfig(token_kubeconfig: Path, folder: Path) -> Path:
@@ -212,11 +249,22 @@ print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "Exe
 """)
     plugin.chmod(0o700)
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "e2e-exec",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "e2e-exec",
         "clusters": [{"name": "e2e", "cluster": cluster}],
-        "users": [{"name": "e2e-exec", "user": {"exec": {
-            "apiVersion": "client.authentication.k8s.io/v1", "command": "./credential-plugin",
-            "interactiveMode": "Never"}}}],
+        "users": [
+            {
+                "name": "e2e-exec",
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1",
+                        "command": "./credential-plugin",
+                        "interactiveMode": "Never",
+                    }
+                },
+            }
+        ],
         "contexts": [{"name": "e2e-exec", "context": {"cluster": "e2e", "user": "e2e-exec"}}],
     }
     path = folder / "kubeconfig"
@@ -229,19 +277,39 @@ def add_engine_cache(cluster, namespace: str) -> None:
     """The engine cache claim in a test namespace, bound to a static hostPath volume (the e2e
     cluster has no provisioner); compile Jobs and compiled serving pods mount it."""
     volume = f"engines-{namespace}"
-    cluster.apply([
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
-         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
-                  "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "",
-                  "hostPath": {"path": f"/tmp/inferfleet-e2e/{namespace}"},
-                  "claimRef": {"namespace": namespace, "name": ENGINE_CACHE_CLAIM}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-         "metadata": {"name": ENGINE_CACHE_CLAIM, "namespace": namespace},
-         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
-                  "resources": {"requests": {"storage": "1Gi"}}}},
-    ])
-    wait_for(lambda: (cluster.get("pvc", ENGINE_CACHE_CLAIM, namespace) or {}).get(
-        "status", {}).get("phase") == "Bound", timeout=30, message="the engine cache claim bound")
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "storageClassName": "",
+                    "hostPath": {"path": f"/tmp/inferfleet-e2e/{namespace}"},
+                    "claimRef": {"namespace": namespace, "name": ENGINE_CACHE_CLAIM},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": ENGINE_CACHE_CLAIM, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+    )
+    wait_for(
+        lambda: (cluster.get("pvc", ENGINE_CACHE_CLAIM, namespace) or {}).get("status", {}).get("phase") == "Bound",
+        timeout=30,
+        message="the engine cache claim bound",
+    )
 
 
 def remove_engine_cache(cluster, namespace: str) -> None:
@@ -251,13 +319,18 @@ def remove_engine_cache(cluster, namespace: str) -> None:
 # ----------------------------------------------------------------------------- reading state
 
 
-def service_manifest(name: str, *, uri: str = "hf://inferfleet/tiny", replicas: int = 1,
-                     pools: dict[str, int] | None = None, **spec) -> dict:
+def service_manifest(
+    name: str, *, uri: str = "hf://inferfleet/tiny", replicas: int = 1, pools: dict[str, int] | None = None, **spec
+) -> dict:
     body = {"model": {"name": name, "uri": uri}, "replicas": replicas, **spec}
     if pools is not None:
         body["pools"] = [{"name": pool, "replicas": n} for pool, n in sorted(pools.items())]
-    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": name}, "spec": body}
+    return {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": body,
+    }
 
 
 def live_pools(cluster, selector: str | None = None) -> list:
@@ -282,31 +355,42 @@ def serves_engine(deployment: dict | None, key: str) -> bool:
 
 def replica_set_args(cluster, namespace: str, deployment: str) -> list[list[str]]:
     """Container args of each ReplicaSet of a Deployment, oldest revision first."""
-    sets = [rs for rs in cluster.items("replicasets", namespace)
-            if any(ref.get("name") == deployment for ref in rs["metadata"].get("ownerReferences", []))]
+    sets = [
+        rs
+        for rs in cluster.items("replicasets", namespace)
+        if any(ref.get("name") == deployment for ref in rs["metadata"].get("ownerReferences", []))
+    ]
     sets.sort(key=lambda rs: int(rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"]))
     return [rs["spec"]["template"]["spec"]["containers"][0]["args"] for rs in sets]
 
 
 def events(cluster, namespace: str, name: str) -> list[dict]:
-    return [e for e in cluster.items("events", namespace)
-            if (e.get("involvedObject") or {}).get("name") == name]
+    return [e for e in cluster.items("events", namespace) if (e.get("involvedObject") or {}).get("name") == name]
 
 
 def drain(cluster, timeout: float = 180) -> None:
     """Waits until no InferenceService or EngineBuild is left in a terminating namespace: the
     operator removes its finalizer from them, so it must outlive their namespaces."""
+
     def terminating() -> list[str]:
-        names = cluster.kubectl("get", "namespaces", "-o",
-                                "jsonpath={range .items[?(@.status.phase=='Terminating')]}"
-                                "{.metadata.name}{'\\n'}{end}").stdout.split()
+        names = cluster.kubectl(
+            "get",
+            "namespaces",
+            "-o",
+            "jsonpath={range .items[?(@.status.phase=='Terminating')]}{.metadata.name}{'\\n'}{end}",
+        ).stdout.split()
         left = []
         for ns in names:
-            left += cluster.kubectl("get", "inferenceservices,enginebuilds", "-n", ns, "-o",
-                                    "name", check=False).stdout.split()
+            left += cluster.kubectl(
+                "get", "inferenceservices,enginebuilds", "-n", ns, "-o", "name", check=False
+            ).stdout.split()
         return left
-    wait_for(lambda: not terminating(), timeout=timeout,
-             message="no InferenceService or EngineBuild left in a terminating namespace (last result: those left)")
+
+    wait_for(
+        lambda: not terminating(),
+        timeout=timeout,
+        message="no InferenceService or EngineBuild left in a terminating namespace (last result: those left)",
+    )
 
 
 @contextlib.contextmanager

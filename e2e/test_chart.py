@@ -16,9 +16,8 @@ import urllib.request
 import uuid
 
 import pytest
-import yaml
-
 from helpers import ROOT, Cluster, KubectlError, wait_for
+
 from inferfleet_operator.permissions import PERMISSIONS
 
 pytestmark = pytest.mark.e2e
@@ -40,8 +39,17 @@ def helm(cluster: Cluster, *args: str, values: dict | None = None, check: bool =
 def install(cluster: Cluster, release: str, namespace: str, values: dict | None = None, check: bool = True):
     # --take-ownership: the CRDs may already be in the cluster (kubectl apply -f crds/ by other tests);
     # the release adopts them rather than refusing to install.
-    return helm(cluster, "install", release, str(CHART), "--namespace", namespace, "--take-ownership",
-                values=values, check=check)
+    return helm(
+        cluster,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--take-ownership",
+        values=values,
+        check=check,
+    )
 
 
 def crds_present(cluster: Cluster) -> dict[str, bool]:
@@ -54,15 +62,21 @@ def running_pods(cluster: Cluster, namespace: str, release: str) -> list[dict]:
 
 
 def own_runtimes(cluster: Cluster, release: str) -> dict[str, dict]:
-    return {r["metadata"]["name"]: r for r in cluster.items("inferenceruntimes", selector=f"app.kubernetes.io/instance={release}")}
+    return {
+        r["metadata"]["name"]: r
+        for r in cluster.items("inferenceruntimes", selector=f"app.kubernetes.io/instance={release}")
+    }
 
 
 @pytest.fixture(scope="module")
 def state(cluster: Cluster):
     """The release's namespace, and whether the CRDs were in the cluster before this module."""
     namespace = cluster.create_namespace(f"e2e-chart-{SUFFIX}")
-    info = {"namespace": namespace, "crds_were_present": any(crds_present(cluster).values()),
-            "runtimes_served": cluster.get("customresourcedefinition", CRDS[1]) is not None}
+    info = {
+        "namespace": namespace,
+        "crds_were_present": any(crds_present(cluster).values()),
+        "runtimes_served": cluster.get("customresourcedefinition", CRDS[1]) is not None,
+    }
     yield info
     helm(cluster, "uninstall", RELEASE, "--namespace", namespace, "--ignore-not-found", check=False)
     cluster.delete_namespace(namespace)
@@ -109,8 +123,17 @@ def test_install_with_a_bad_value_fails_with_the_schema_message(cluster: Cluster
 def test_upgrade_with_changed_values_rolls_the_operator_and_recreates_runtimes(cluster: Cluster, state):
     namespace = state["namespace"]
     # --take-ownership: kopf's peering CRDs may be left, kept, by an earlier release.
-    helm(cluster, "upgrade", RELEASE, str(CHART), "--namespace", namespace, "--reuse-values", "--take-ownership",
-         values={"replicaCount": 2, "metricsPort": 9191, "runtimes": {"tag": "9.9.9"}})
+    helm(
+        cluster,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--reuse-values",
+        "--take-ownership",
+        values={"replicaCount": 2, "metricsPort": 9191, "runtimes": {"tag": "9.9.9"}},
+    )
 
     deployment = cluster.get("deployment", FULLNAME, namespace)
     assert deployment["spec"]["replicas"] == 2
@@ -125,8 +148,17 @@ def test_upgrade_with_changed_values_rolls_the_operator_and_recreates_runtimes(c
     assert runtimes["paged-cuda"]["spec"]["image"] == "inferfleet/runtime-cuda:9.9.9"
     assert runtimes["compiled-tensorrt"]["spec"]["compileImage"] == "inferfleet/runtime-tensorrt:9.9.9"
 
-    refused = helm(cluster, "upgrade", RELEASE, str(CHART), "--namespace", namespace, "--reuse-values",
-                   values={"image": {"pullPolicy": "Sometimes"}}, check=False)
+    refused = helm(
+        cluster,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--reuse-values",
+        values={"image": {"pullPolicy": "Sometimes"}},
+        check=False,
+    )
     assert refused.returncode != 0 and "/image/pullPolicy" in refused.stderr
     status = json.loads(cluster.helm("status", RELEASE, "--namespace", namespace, "-o", "json").stdout)
     assert status["version"] == 2 and status["info"]["status"] == "deployed"
@@ -136,14 +168,22 @@ def test_upgrade_with_changed_values_rolls_the_operator_and_recreates_runtimes(c
 
 
 def _subject(namespace: str, service_account: str) -> dict:
-    return {"user": f"system:serviceaccount:{namespace}:{service_account}",
-            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]}
+    return {
+        "user": f"system:serviceaccount:{namespace}:{service_account}",
+        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+    }
 
 
 def access_reviews(cluster: Cluster, subject: dict, attributes: list[dict]) -> list[bool]:
     """One SubjectAccessReview per attribute set (what `kubectl auth can-i --as` asks), in one kubectl call."""
-    reviews = [{"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-                "spec": {**subject, "resourceAttributes": attrs}} for attrs in attributes]
+    reviews = [
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {**subject, "resourceAttributes": attrs},
+        }
+        for attrs in attributes
+    ]
     listing = {"apiVersion": "v1", "kind": "List", "items": reviews}
     text = cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(listing)).stdout
     items, decoder, offset = [], json.JSONDecoder(), 0
@@ -168,28 +208,50 @@ CLUSTER_SCOPED = {"nodes", "namespaces", "inferenceruntimes", "customresourcedef
 
 # Kinds the operator does not manage, and verbs it never uses on the kinds it reads.
 FORBIDDEN = [
-    ("", "secrets", "get"), ("", "secrets", "list"), ("", "secrets", "watch"), ("", "configmaps", "get"),
-    ("", "serviceaccounts", "create"), ("", "serviceaccounts/token", "create"), ("", "pods", "create"),
-    ("", "pods/exec", "create"), ("", "pods", "delete"), ("", "nodes", "patch"), ("", "nodes", "delete"),
-    ("", "namespaces", "delete"), ("", "persistentvolumeclaims", "create"), ("", "persistentvolumes", "create"),
-    ("inferfleet.dev", "inferenceruntimes", "create"), ("inferfleet.dev", "inferenceruntimes", "delete"),
-    ("inferfleet.dev", "inferenceservices", "delete"), ("apps", "daemonsets", "create"),
-    ("apps", "statefulsets", "create"), ("rbac.authorization.k8s.io", "clusterroles", "create"),
-    ("rbac.authorization.k8s.io", "rolebindings", "create"), ("rbac.authorization.k8s.io", "clusterroles", "escalate"),
+    ("", "secrets", "get"),
+    ("", "secrets", "list"),
+    ("", "secrets", "watch"),
+    ("", "configmaps", "get"),
+    ("", "serviceaccounts", "create"),
+    ("", "serviceaccounts/token", "create"),
+    ("", "pods", "create"),
+    ("", "pods/exec", "create"),
+    ("", "pods", "delete"),
+    ("", "nodes", "patch"),
+    ("", "nodes", "delete"),
+    ("", "namespaces", "delete"),
+    ("", "persistentvolumeclaims", "create"),
+    ("", "persistentvolumes", "create"),
+    ("inferfleet.dev", "inferenceruntimes", "create"),
+    ("inferfleet.dev", "inferenceruntimes", "delete"),
+    ("inferfleet.dev", "inferenceservices", "delete"),
+    ("apps", "daemonsets", "create"),
+    ("apps", "statefulsets", "create"),
+    ("rbac.authorization.k8s.io", "clusterroles", "create"),
+    ("rbac.authorization.k8s.io", "rolebindings", "create"),
+    ("rbac.authorization.k8s.io", "clusterroles", "escalate"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "create"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "delete"),
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "create"),
-    ("", "users", "impersonate"), ("", "serviceaccounts", "impersonate"),
+    ("", "users", "impersonate"),
+    ("", "serviceaccounts", "impersonate"),
 ]
 
 
 def test_service_account_may_do_exactly_what_permissions_lists(cluster: Cluster, state):
     namespace = state["namespace"]
     subject = _subject(namespace, FULLNAME)
-    allowed = [(group, resource, verb) for rule in PERMISSIONS for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]]
+    allowed = [
+        (group, resource, verb)
+        for rule in PERMISSIONS
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    ]
     attributes = [_attributes(g, r, v, None if r.split("/")[0] in CLUSTER_SCOPED else "default") for g, r, v in allowed]
-    attributes += [_attributes(g, r, v, None if r.split("/")[0] in CLUSTER_SCOPED else "default") for g, r, v in FORBIDDEN]
+    attributes += [
+        _attributes(g, r, v, None if r.split("/")[0] in CLUSTER_SCOPED else "default") for g, r, v in FORBIDDEN
+    ]
     answers = access_reviews(cluster, subject, attributes)
     granted = dict(zip([*allowed, *FORBIDDEN], answers))
     assert [k for k in allowed if not granted[k]] == [], "PERMISSIONS entries the ServiceAccount lacks"
@@ -219,12 +281,23 @@ def test_namespaced_install_grants_only_the_watched_namespaces(cluster: Cluster,
     watched = cluster.create_namespace(f"e2e-chart-watched-{SUFFIX}")
     other = cluster.create_namespace(f"e2e-chart-other-{SUFFIX}")
     try:
-        install(cluster, release, state["namespace"], values={
-            "watchNamespaces": [watched], "crds": {"enabled": False}, "runtimes": {"create": False},
-            "engineCache": {"create": False}, "podDisruptionBudget": {"enabled": False},
-            "metrics": {"service": {"enabled": False}}})
+        install(
+            cluster,
+            release,
+            state["namespace"],
+            values={
+                "watchNamespaces": [watched],
+                "crds": {"enabled": False},
+                "runtimes": {"create": False},
+                "engineCache": {"create": False},
+                "podDisruptionBudget": {"enabled": False},
+                "metrics": {"service": {"enabled": False}},
+            },
+        )
         account = f"{release}-inferfleet"
-        args = cluster.get("deployment", account, state["namespace"])["spec"]["template"]["spec"]["containers"][0]["args"]
+        args = cluster.get("deployment", account, state["namespace"])["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
         assert f"--namespace={watched}" in args and "--all-namespaces" not in args
 
         # Every rule sits where its kind's scope puts it, by the API server's own account of scopes.
@@ -240,10 +313,14 @@ def test_namespaced_install_grants_only_the_watched_namespaces(cluster: Cluster,
         assert all(r.split("/")[0] in CLUSTER_SCOPED for rule in cluster_role["rules"] for r in rule["resources"])
 
         subject = _subject(state["namespace"], account)
-        checks = [("apps", "deployments", "create", watched), ("apps", "deployments", "create", other),
-                  ("inferfleet.dev", "inferenceservices", "watch", watched),
-                  ("inferfleet.dev", "inferenceservices", "watch", other),
-                  ("", "nodes", "list", None), ("", "secrets", "get", watched)]
+        checks = [
+            ("apps", "deployments", "create", watched),
+            ("apps", "deployments", "create", other),
+            ("inferfleet.dev", "inferenceservices", "watch", watched),
+            ("inferfleet.dev", "inferenceservices", "watch", other),
+            ("", "nodes", "list", None),
+            ("", "secrets", "get", watched),
+        ]
         answers = access_reviews(cluster, subject, [_attributes(g, r, v, n) for g, r, v, n in checks])
         assert answers == [True, False, True, False, True, False]
     finally:
@@ -274,19 +351,46 @@ def test_operator_with_the_chart_service_account_reconciles_a_service(cluster: C
     log_path = tmp_path / "operator.log"
     with log_path.open("w") as log:
         operator = subprocess.Popen(
-            [sys.executable, "-m", "inferfleet_operator.main", f"--namespace={workload}", f"--health-port={health}",
-             f"--metrics-port={metrics}", f"--engine-cache-claim={FULLNAME}-engine-cache", "--resync-seconds=5"],
-            env={**os.environ, "KUBECONFIG": str(config)}, stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "inferfleet_operator.main",
+                f"--namespace={workload}",
+                f"--health-port={health}",
+                f"--metrics-port={metrics}",
+                f"--engine-cache-claim={FULLNAME}-engine-cache",
+                "--resync-seconds=5",
+            ],
+            env={**os.environ, "KUBECONFIG": str(config)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        cluster.apply({"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-                       "metadata": {"name": "demo", "namespace": workload},
-                       "spec": {"model": {"name": "demo", "uri": "hf://inferfleet/demo"}, "replicas": 1,
-                                "placement": {"vendors": ["cpu"]}}})
-        deployments = wait_for(lambda: cluster.items("deployments", workload, selector="inferfleet.dev/service=demo"),
-                               timeout=90, message="the operator's serving Deployment")
-        assert deployments[0]["spec"]["template"]["spec"]["containers"][0]["image"].startswith("inferfleet/runtime-cpu:")
-        wait_for(lambda: (cluster.get("inferenceservice", "demo", workload).get("status") or {}).get("conditions"),
-                 timeout=60, message="the service's status conditions")
+        cluster.apply(
+            {
+                "apiVersion": "inferfleet.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": "demo", "namespace": workload},
+                "spec": {
+                    "model": {"name": "demo", "uri": "hf://inferfleet/demo"},
+                    "replicas": 1,
+                    "placement": {"vendors": ["cpu"]},
+                },
+            }
+        )
+        deployments = wait_for(
+            lambda: cluster.items("deployments", workload, selector="inferfleet.dev/service=demo"),
+            timeout=90,
+            message="the operator's serving Deployment",
+        )
+        assert deployments[0]["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
+            "inferfleet/runtime-cpu:"
+        )
+        wait_for(
+            lambda: (cluster.get("inferenceservice", "demo", workload).get("status") or {}).get("conditions"),
+            timeout=60,
+            message="the service's status conditions",
+        )
         assert operator.poll() is None, "the operator exited"
         # The endpoint the chart's probes call, on the port the chart passes with --health-port.
         with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as response:
@@ -330,8 +434,16 @@ def test_uninstall_without_keep_deletes_the_crds(cluster: Cluster, state):
     # Installed with the CRDs kept (it adopts the ones the first release left), then switched off by an
     # upgrade, as a user would: the upgrade removes the keep annotation.
     install(cluster, release, namespace, values={"engineCache": {"create": False}})
-    helm(cluster, "upgrade", release, str(CHART), "--namespace", namespace, "--reuse-values",
-         values={"crds": {"keep": False}})
+    helm(
+        cluster,
+        "upgrade",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--reuse-values",
+        values={"crds": {"keep": False}},
+    )
     for name in CRDS:
         annotations = cluster.get("customresourcedefinition", name)["metadata"].get("annotations") or {}
         assert "helm.sh/resource-policy" not in annotations

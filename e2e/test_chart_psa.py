@@ -7,12 +7,12 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import yaml
-
 from helpers import ROOT, Cluster, wait_for
+
 from inferfleet_operator.builds import plan_build
 from inferfleet_operator.planner import plan_service
 
@@ -20,8 +20,11 @@ pytestmark = pytest.mark.e2e
 
 CHART = ROOT / "charts" / "inferfleet"
 SUFFIX = uuid.uuid4().hex[:5]
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +37,17 @@ def restricted(cluster: Cluster):
 def _rendered_runtimes(cluster: Cluster) -> list[dict]:
     """The chart's default InferenceRuntime objects, as `helm template` renders them for this cluster."""
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
-    out = cluster.helm("template", "psa", str(CHART), "--kube-version", version,
-                       "--api-versions", "inferfleet.dev/v1alpha1/InferenceRuntime",
-                       "--show-only", "templates/runtimes/inferenceruntimes.yaml").stdout
+    out = cluster.helm(
+        "template",
+        "psa",
+        str(CHART),
+        "--kube-version",
+        version,
+        "--api-versions",
+        "inferfleet.dev/v1alpha1/InferenceRuntime",
+        "--show-only",
+        "templates/runtimes/inferenceruntimes.yaml",
+    ).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -56,8 +67,19 @@ def test_restricted_namespace_refuses_a_privileged_pod(cluster: Cluster, restric
 def test_operator_pod_is_admitted_and_runs(cluster: Cluster, restricted):
     release = f"psa-{SUFFIX}"
     try:
-        cluster.helm("install", release, str(CHART), "--namespace", restricted, "--set", "crds.enabled=false",
-                     "--set", "runtimes.create=false", "--set", "engineCache.create=false")
+        cluster.helm(
+            "install",
+            release,
+            str(CHART),
+            "--namespace",
+            restricted,
+            "--set",
+            "crds.enabled=false",
+            "--set",
+            "runtimes.create=false",
+            "--set",
+            "engineCache.create=false",
+        )
 
         def running() -> list[dict]:
             pods = cluster.items("pods", restricted, selector=f"app.kubernetes.io/instance={release}")
@@ -74,9 +96,12 @@ def test_operator_pod_is_admitted_and_runs(cluster: Cluster, restricted):
 def _plans(cluster: Cluster, namespace: str):
     """Serving Deployments for every pool of the e2e fleet (paged, and compiled once builds are Ready) and
     the compile Jobs, from the planner with the chart's default runtimes."""
-    service = {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-               "metadata": {"name": "psa", "namespace": namespace, "uid": str(uuid.uuid4()), "generation": 1},
-               "spec": {"model": {"name": "demo", "uri": "hf://inferfleet/demo"}, "replicas": 6}}
+    service = {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "psa", "namespace": namespace, "uid": str(uuid.uuid4()), "generation": 1},
+        "spec": {"model": {"name": "demo", "uri": "hf://inferfleet/demo"}, "replicas": 6},
+    }
     nodes = cluster.items("nodes", selector="inferfleet.dev/e2e-fleet=true")
     runtimes = _rendered_runtimes(cluster)
     building = plan_service(service, nodes, runtimes, {}, {}, NOW)
@@ -119,5 +144,8 @@ def test_serving_and_compile_pods_the_operator_renders_are_admitted(cluster: Clu
         applied["spec"]["template"]["spec"] = pod_spec(deployment)
         cluster.apply(applied)
     expected = len(serving)
-    wait_for(lambda: len(cluster.items("pods", restricted, selector="inferfleet.dev/service=psa")) == expected,
-             timeout=60, message=f"{expected} serving pods created")
+    wait_for(
+        lambda: len(cluster.items("pods", restricted, selector="inferfleet.dev/service=psa")) == expected,
+        timeout=60,
+        message=f"{expected} serving pods created",
+    )

@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from helpers import CLUSTER_DIR, FAIL_LABEL, FAIL_MARKER, NODES_DIR, ROOT, Cluster, condition, is_true, node_manifests, wait_for
+from helpers import (
+    CLUSTER_DIR,
+    FAIL_LABEL,
+    FAIL_MARKER,
+    NODES_DIR,
+    ROOT,
+    Cluster,
+    condition,
+    is_true,
+    node_manifests,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -45,8 +55,13 @@ def job(name: str, labels: dict[str, str] | None = None, args: list[str] | None 
 def test_up_again_is_a_no_op(cluster: Cluster):
     before = cluster.kubeconfig.read_text()
     uid = cluster.get("namespace", "default")["metadata"]["uid"]
-    result = subprocess.run(["bash", str(CLUSTER_DIR / "up.sh")], capture_output=True, text=True, check=True,
-                            env={**os.environ, "INFERFLEET_CLUSTER_BIN": str(cluster.bin)})
+    result = subprocess.run(
+        ["bash", str(CLUSTER_DIR / "up.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "INFERFLEET_CLUSTER_BIN": str(cluster.bin)},
+    )
     assert result.stdout == ""
     assert "already up" in result.stderr
     assert cluster.kubeconfig.read_text() == before
@@ -66,12 +81,26 @@ def test_service_account_without_bindings_is_forbidden_to_list_secrets(cluster: 
 
     # A Role binding grants exactly what it says: pods become listable, secrets stay forbidden.
     cluster.kubectl("create", "role", "pod-reader", "--verb=list", "--resource=pods", "-n", namespace)
-    cluster.kubectl("create", "rolebinding", "nobody-reads-pods", "--role=pod-reader",
-                    f"--serviceaccount={namespace}:nobody", "-n", namespace)
-    wait_for(lambda: cluster.kubectl("get", "pods", "-n", namespace, check=False, kubeconfig=token_config).returncode == 0,
-             timeout=10, message="the RoleBinding to take effect")
-    assert cluster.kubectl("auth", "can-i", "list", "secrets", "-n", namespace, check=False,
-                           kubeconfig=token_config).stdout.strip() == "no"
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "nobody-reads-pods",
+        "--role=pod-reader",
+        f"--serviceaccount={namespace}:nobody",
+        "-n",
+        namespace,
+    )
+    wait_for(
+        lambda: cluster.kubectl("get", "pods", "-n", namespace, check=False, kubeconfig=token_config).returncode == 0,
+        timeout=10,
+        message="the RoleBinding to take effect",
+    )
+    assert (
+        cluster.kubectl(
+            "auth", "can-i", "list", "secrets", "-n", namespace, check=False, kubeconfig=token_config
+        ).stdout.strip()
+        == "no"
+    )
 
 
 def test_bad_credentials_are_rejected(cluster: Cluster, tmp_path):
@@ -91,10 +120,12 @@ def test_kwok_nodes_are_ready_with_their_gpu_resources(cluster: Cluster):
         node = live[name]
         assert is_true(node, "Ready"), f"{name} is not Ready: {condition(node, 'Ready')}"
         for resource in GPU_RESOURCES:
-            assert node["status"]["allocatable"].get(resource) == want["status"]["allocatable"].get(resource), \
+            assert node["status"]["allocatable"].get(resource) == want["status"]["allocatable"].get(resource), (
                 f"{name}: allocatable {resource}"
-        assert not [t for t in node["spec"].get("taints", []) if t["effect"] in ("NoSchedule", "NoExecute")], \
+            )
+        assert not [t for t in node["spec"].get("taints", []) if t["effect"] in ("NoSchedule", "NoExecute")], (
             f"{name} is tainted: {node['spec']['taints']}"
+        )
         for key, value in want["metadata"]["labels"].items():
             assert node["metadata"]["labels"].get(key) == value, f"{name}: label {key}"
     # kwok holds each node's Lease, so the node lifecycle controller keeps seeing it alive.
@@ -106,28 +137,37 @@ def test_kwok_nodes_are_ready_with_their_gpu_resources(cluster: Cluster):
 
 
 def test_deployment_pods_become_ready_on_the_selected_gpu_nodes(cluster: Cluster, namespace: str):
-    cluster.apply({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "serve"},
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": {"app": "serve"}},
-            "template": {
-                "metadata": {"labels": {"app": "serve"}},
-                "spec": {
-                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                    "containers": [{
-                        "name": "serve", "image": IMAGE,
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8000}},
-                    }],
+    cluster.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "serve"},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": {
+                    "metadata": {"labels": {"app": "serve"}},
+                    "spec": {
+                        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                        "containers": [
+                            {
+                                "name": "serve",
+                                "image": IMAGE,
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8000}},
+                            }
+                        ],
+                    },
                 },
             },
         },
-    }, namespace=namespace)
-    wait_for(lambda: (cluster.get("deployment", "serve", namespace)["status"].get("readyReplicas") or 0) == 3,
-             timeout=60, message="3 ready replicas")
+        namespace=namespace,
+    )
+    wait_for(
+        lambda: (cluster.get("deployment", "serve", namespace)["status"].get("readyReplicas") or 0) == 3,
+        timeout=60,
+        message="3 ready replicas",
+    )
     pods = cluster.items("pods", namespace, selector="app=serve")
     assert len(pods) == 3
     assert {pod["spec"]["nodeName"] for pod in pods} <= {"nvidia-h100-0", "nvidia-h100-1"}
@@ -138,26 +178,40 @@ def test_deployment_pods_become_ready_on_the_selected_gpu_nodes(cluster: Cluster
 
 
 def test_pods_needing_more_gpus_than_any_node_has_stay_pending(cluster: Cluster, namespace: str):
-    cluster.apply({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "greedy"},
-        "spec": {"containers": [{"name": "c", "image": IMAGE, "resources": {"limits": {"amd.com/gpu": "9"}}}]},
-    }, namespace=namespace)
-    scheduled = wait_for(lambda: condition(cluster.get("pod", "greedy", namespace), "PodScheduled"),
-                         timeout=30, message="the scheduler's verdict")
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "greedy"},
+            "spec": {"containers": [{"name": "c", "image": IMAGE, "resources": {"limits": {"amd.com/gpu": "9"}}}]},
+        },
+        namespace=namespace,
+    )
+    scheduled = wait_for(
+        lambda: condition(cluster.get("pod", "greedy", namespace), "PodScheduled"),
+        timeout=30,
+        message="the scheduler's verdict",
+    )
     assert scheduled["status"] == "False" and "amd.com/gpu" in scheduled["message"]
 
 
 def test_job_pods_complete_and_the_failure_switch_fails_them(cluster: Cluster, namespace: str):
-    cluster.apply([
-        job("ok"),
-        job("fail-by-label", labels={FAIL_LABEL: "true"}),
-        job("fail-by-args", args=["compile", "--model", f"/models/hf/{FAIL_MARKER}/tiny"]),
-    ], namespace=namespace)
+    cluster.apply(
+        [
+            job("ok"),
+            job("fail-by-label", labels={FAIL_LABEL: "true"}),
+            job("fail-by-args", args=["compile", "--model", f"/models/hf/{FAIL_MARKER}/tiny"]),
+        ],
+        namespace=namespace,
+    )
 
     wait_for(lambda: is_true(cluster.get("job", "ok", namespace), "Complete"), timeout=60, message="Job ok Complete")
     for name in ("fail-by-label", "fail-by-args"):
-        wait_for(lambda: is_true(cluster.get("job", name, namespace), "Failed"), timeout=60,
-                 message=f"Job {name} Failed")
+        wait_for(
+            lambda name=name: is_true(cluster.get("job", name, namespace), "Failed"),
+            timeout=60,
+            message=f"Job {name} Failed",
+        )
         (pod,) = cluster.items("pods", namespace, selector=f"job-name={name}")
         assert pod["status"]["phase"] == "Failed"
         terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
@@ -170,7 +224,9 @@ def test_job_pods_complete_and_the_failure_switch_fails_them(cluster: Cluster, n
 def test_pod_security_admission_enforces_namespace_levels(cluster: Cluster, namespace: str):
     cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     privileged = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged"},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "privileged"},
         "spec": {"containers": [{"name": "c", "image": IMAGE, "securityContext": {"privileged": True}}]},
     }
     result = cluster.apply(privileged, namespace=namespace, check=False)
@@ -180,15 +236,26 @@ def test_pod_security_admission_enforces_namespace_levels(cluster: Cluster, name
 def test_garbage_collector_deletes_owned_objects(cluster: Cluster, namespace: str):
     cluster.kubectl("create", "configmap", "owner", "-n", namespace)
     owner = cluster.get("configmap", "owner", namespace)
-    cluster.apply({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "child", "ownerReferences": [{
-            "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}]},
-    }, namespace=namespace)
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "child",
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+                ],
+            },
+        },
+        namespace=namespace,
+    )
     assert cluster.get("configmap", "kube-root-ca.crt", namespace)  # published from --root-ca-file
     cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
-    wait_for(lambda: cluster.get("configmap", "child", namespace) is None, timeout=30,
-             message="the garbage collector to delete the child")
+    wait_for(
+        lambda: cluster.get("configmap", "child", namespace) is None,
+        timeout=30,
+        message="the garbage collector to delete the child",
+    )
 
 
 def inference_service(name: str, **spec) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from helpers import CLUSTER_DIR, cluster_bin
 
 pytestmark = pytest.mark.e2e
@@ -17,19 +16,23 @@ def pins() -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
-@pytest.mark.parametrize(("binary", "args", "pin"), [
-    ("kube-apiserver", ["--version"], "K8S_VERSION"),
-    ("kube-controller-manager", ["--version"], "K8S_VERSION"),
-    ("kube-scheduler", ["--version"], "K8S_VERSION"),
-    ("kubectl", ["version", "--client"], "K8S_VERSION"),
-    ("etcd", ["--version"], "ETCD_VERSION"),
-    ("kwok", ["--version"], "KWOK_VERSION"),
-    ("kwokctl", ["--version"], "KWOK_VERSION"),
-    ("helm", ["version"], "HELM_VERSION"),
-])
+@pytest.mark.parametrize(
+    ("binary", "args", "pin"),
+    [
+        ("kube-apiserver", ["--version"], "K8S_VERSION"),
+        ("kube-controller-manager", ["--version"], "K8S_VERSION"),
+        ("kube-scheduler", ["--version"], "K8S_VERSION"),
+        ("kubectl", ["version", "--client"], "K8S_VERSION"),
+        ("etcd", ["--version"], "ETCD_VERSION"),
+        ("kwok", ["--version"], "KWOK_VERSION"),
+        ("kwokctl", ["--version"], "KWOK_VERSION"),
+        ("helm", ["version"], "HELM_VERSION"),
+    ],
+)
 def test_binary_reports_its_pinned_version(binary: str, args: list[str], pin: str):
-    output = subprocess.run([str(cluster_bin() / binary), *args], capture_output=True, text=True,
-                            check=True, timeout=30).stdout
+    output = subprocess.run(
+        [str(cluster_bin() / binary), *args], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
     want = pins()[pin]
     assert (want.removeprefix("v") if binary == "etcd" else want) in output, output
     assert "v0.0.0" not in output
@@ -42,8 +45,10 @@ def test_helm_has_its_default_kubernetes_version_stamped(tmp_path):
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
     (chart / "templates" / "cm.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\ndata: {kube: \"{{ .Capabilities.KubeVersion.Version }}\"}\n")
-    rendered = subprocess.run([str(cluster_bin() / "helm"), "template", str(chart)], capture_output=True, text=True,
-                              check=True, timeout=30).stdout
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\ndata: {kube: "{{ .Capabilities.KubeVersion.Version }}"}\n'
+    )
+    rendered = subprocess.run(
+        [str(cluster_bin() / "helm"), "template", str(chart)], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
     stamped = (cluster_bin() / "helm.kube-version").read_text().strip()
     assert f'kube: "{stamped}"' in rendered and stamped != "v1.20.0", rendered

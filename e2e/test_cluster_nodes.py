@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import copy
 
+from helpers import NODES_DIR, node_manifests
+
 from inferfleet_operator.nodes import classify_node
 from inferfleet_operator.pools import group_pools
-
-from helpers import NODES_DIR, node_manifests
 
 # name -> (vendor, product, architecture, gpu_count, gpu_resource, is_eligible)
 EXPECTED = {
@@ -36,8 +36,10 @@ def fleet() -> list[dict]:
 
 def test_every_fleet_node_classifies_as_its_fixture_says():
     infos = {info.name: info for info in map(classify_node, fleet())}
-    got = {name: (i.vendor, i.product, i.architecture, i.gpu_count, i.gpu_resource, i.is_eligible)
-           for name, i in infos.items()}
+    got = {
+        name: (i.vendor, i.product, i.architecture, i.gpu_count, i.gpu_resource, i.is_eligible)
+        for name, i in infos.items()
+    }
     assert got == EXPECTED
     assert infos["nfd-nvidia-0"].excluded_reason.startswith("NoAllocatableGPUs")
 

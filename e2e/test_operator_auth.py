@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import Cluster, wait_for
 from operator_process import OperatorProcess, exec_plugin_kubeconfig, install, service_manifest
 
@@ -20,12 +19,18 @@ def test_an_exec_plugin_kubeconfig_authenticates_watches_and_writes(cluster: Clu
         cluster.apply(service_manifest("authed", placement={"vendors": ["cpu"]}), namespace=namespace)
         # The service is seen (kopf's watch) and its Deployment and status written (kube.py): both under
         # the ServiceAccount's RBAC, which grants nothing to system:anonymous.
-        wait_for(lambda: cluster.get("deployment", "authed-cpu-amd64", namespace), timeout=60,
-                 message="the Deployment written by the operator")
-        wait_for(lambda: (cluster.get("inferenceservice", "authed", namespace) or {}).get("status"), timeout=30,
-                 message="the service's status")
+        wait_for(
+            lambda: cluster.get("deployment", "authed-cpu-amd64", namespace),
+            timeout=60,
+            message="the Deployment written by the operator",
+        )
+        wait_for(
+            lambda: (cluster.get("inferenceservice", "authed", namespace) or {}).get("status"),
+            timeout=30,
+            message="the service's status",
+        )
         num_runs = int((plugin_dir / "plugin-runs").read_text())
-        assert num_runs >= 2   # once for the write path, once for kopf's login
+        assert num_runs >= 2  # once for the write path, once for kopf's login
         log = process.log_tail(400)
         assert "401" not in log and "Unauthorized" not in log and "system:anonymous" not in log
         print(f"operator peak RSS with the official client's config loader: {process.peak_rss_mb():.1f} MiB")

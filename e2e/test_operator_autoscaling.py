@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-
 from helpers import wait_for
 from operator_process import FAST_FLAGS, OperatorProcess, events, install, service_manifest, serving
 
@@ -31,8 +30,10 @@ class StandIn:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - the stdlib's name
                 stand_in.num_scrapes += 1
-                body = (f'inferfleet:num_requests_waiting{{model_name="scaled"}} {stand_in.waiting}\n'
-                        f'inferfleet:kv_cache_usage_perc{{model_name="scaled"}} 0.1\n').encode()
+                body = (
+                    f'inferfleet:num_requests_waiting{{model_name="scaled"}} {stand_in.waiting}\n'
+                    f'inferfleet:kv_cache_usage_perc{{model_name="scaled"}} 0.1\n'
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -63,8 +64,11 @@ def stand_in():
 def operator(cluster, tmp_path_factory, stand_in):
     work = tmp_path_factory.mktemp("autoscaling")
     template = f"http://127.0.0.1:{stand_in.port}/{{namespace}}/{{pod}}/metrics"
-    process = OperatorProcess(install(cluster, work), work / "operator.log",
-                              FAST_FLAGS + ["--inference-pools=disabled", "--autoscale-seconds=1", f"--scrape-url-template={template}"])
+    process = OperatorProcess(
+        install(cluster, work),
+        work / "operator.log",
+        FAST_FLAGS + ["--inference-pools=disabled", "--autoscale-seconds=1", f"--scrape-url-template={template}"],
+    )
     with serving(cluster, process):
         yield process
 
@@ -77,12 +81,21 @@ def _ready(cluster, ns, replicas, at_least=False):
     """The pool's Deployment asks for `replicas` (or more, with at_least) and all of them are ready."""
     d = _deployment(cluster, ns)
     wanted = d.get("spec", {}).get("replicas") or 0
-    return (wanted >= replicas if at_least else wanted == replicas) and d.get("status", {}).get("readyReplicas") == wanted
+    return (wanted >= replicas if at_least else wanted == replicas) and d.get("status", {}).get(
+        "readyReplicas"
+    ) == wanted
 
 
 def test_load_scales_the_pool_up_within_max_and_idle_brings_it_back_to_min(cluster, ns, operator, stand_in):
-    autoscaling = {"minReplicas": 1, "maxReplicas": 4, "targetWaitingRequests": 2, "scaleDownStabilizationSeconds": STABILIZATION_SECONDS}
-    cluster.apply(service_manifest("scaled", replicas=1, placement={"vendors": ["cpu"]}, autoscaling=autoscaling), namespace=ns)
+    autoscaling = {
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "targetWaitingRequests": 2,
+        "scaleDownStabilizationSeconds": STABILIZATION_SECONDS,
+    }
+    cluster.apply(
+        service_manifest("scaled", replicas=1, placement={"vendors": ["cpu"]}, autoscaling=autoscaling), namespace=ns
+    )
     wait_for(lambda: _ready(cluster, ns, 1), timeout=45, message="one ready replica")
     scrapes = stand_in.num_scrapes
     wait_for(lambda: stand_in.num_scrapes > scrapes, timeout=15, message="the operator scraping the pod")
@@ -113,5 +126,7 @@ def test_load_scales_the_pool_up_within_max_and_idle_brings_it_back_to_min(clust
     assert scaled_down >= STABILIZATION_SECONDS - 1, "not before the stabilization window"
     reasons = [e["reason"] for e in events(cluster, ns, "scaled")]
     assert "ScaledUp" in reasons and "ScaledDown" in reasons
-    print(f"\nautoscaling figures: load start -> 3 replicas Ready {scaled_up:.1f} s; peak {peak} replicas "
-          f"(max 4, the formula asked {needed}); idle -> 1 replica Ready {scaled_down:.1f} s (window {STABILIZATION_SECONDS} s)")
+    print(
+        f"\nautoscaling figures: load start -> 3 replicas Ready {scaled_up:.1f} s; peak {peak} replicas "
+        f"(max 4, the formula asked {needed}); idle -> 1 replica Ready {scaled_down:.1f} s (window {STABILIZATION_SECONDS} s)"
+    )

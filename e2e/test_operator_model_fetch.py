@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import Cluster, wait_for
 from operator_process import service_manifest
 
@@ -31,7 +30,7 @@ TOKEN = "hf_e2e_gated_token"
 def _remap(value: str, root: Path) -> str:
     for mount in ("/models", "/tmp"):
         if value == mount or value.startswith(mount + "/"):
-            return str(root / mount.strip("/")) + value[len(mount):]
+            return str(root / mount.strip("/")) + value[len(mount) :]
     return value
 
 
@@ -42,7 +41,7 @@ def _run_init_container(cluster: Cluster, namespace: str, container: dict, root:
     for source in container.get("envFrom", []):
         secret = cluster.get("secret", source["secretRef"]["name"], namespace) or {}
         env.update({k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()})
-    env["HF_ENDPOINT"] = endpoint   # a pod would reach huggingface.co
+    env["HF_ENDPOINT"] = endpoint  # a pod would reach huggingface.co
     for mount in ("models", "tmp"):
         (root / mount).mkdir(parents=True, exist_ok=True)
     argv = container["command"] + [_remap(a, root) for a in container["args"]] + ["--no-progress"]
@@ -55,13 +54,28 @@ def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(clust
     hub = HubStandIn(REPO, ensure_demo_model(), required_token=TOKEN)
     endpoint = hub.start()
     try:
-        cluster.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hub-token"},
-                       "stringData": {"HF_TOKEN": TOKEN}}, namespace=ns)
-        applied = cluster.apply(service_manifest("gated", placement={"vendors": ["cpu"]}, model={
-            "name": "gated", "uri": f"hf://{REPO}", "credentialsSecret": "hub-token"}), namespace=ns, check=False)
+        cluster.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "hub-token"},
+                "stringData": {"HF_TOKEN": TOKEN},
+            },
+            namespace=ns,
+        )
+        applied = cluster.apply(
+            service_manifest(
+                "gated",
+                placement={"vendors": ["cpu"]},
+                model={"name": "gated", "uri": f"hf://{REPO}", "credentialsSecret": "hub-token"},
+            ),
+            namespace=ns,
+            check=False,
+        )
         assert applied.returncode == 0, applied.stderr
-        deployment = wait_for(lambda: cluster.get("deployment", "gated-cpu-amd64", ns), timeout=60,
-                              message="the operator's Deployment")
+        deployment = wait_for(
+            lambda: cluster.get("deployment", "gated-cpu-amd64", ns), timeout=60, message="the operator's Deployment"
+        )
         [init] = deployment["spec"]["template"]["spec"]["initContainers"]
         assert init["envFrom"] == [{"secretRef": {"name": "hub-token"}}]
 
@@ -71,7 +85,7 @@ def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(clust
         to = Path(_remap(init["args"][init["args"].index("--to") + 1], tmp_path / "pod"))
         assert {p.name: p.read_bytes() for p in to.iterdir() if p.is_file()} == hub.files()
 
-        init_without = {**init, "envFrom": []}   # the same container without the Secret is refused
+        init_without = {**init, "envFrom": []}  # the same container without the Secret is refused
         refused = _run_init_container(cluster, ns, init_without, tmp_path / "refused", endpoint)
         assert refused.returncode == 1 and "HF_TOKEN is not set" in refused.stderr
     finally:

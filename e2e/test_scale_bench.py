@@ -17,8 +17,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_scale_bench_reports_time_requests_and_memory_against_the_floor(tmp_path):
     out = tmp_path / "scale.json"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "20", "--services", "5",
-                             "--json", str(out)], capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--nodes", "20", "--services", "5", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     figures = json.loads(out.read_text())
 

@@ -12,13 +12,23 @@ import pytest
 def demo_model_dir() -> Path:
     """The built-in model in Hugging Face format (trained once, then cached under $INFERFLEET_CACHE)."""
     from inferfleet_runtime.demo_model import ensure_demo_model
+
     return ensure_demo_model()
 
 
 TINY_LLAMA = dict(
-    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
-    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 
 

@@ -18,4 +18,7 @@ fi
 cd "$root"
 # This checkout's code, also in subprocesses, whichever checkout the shared venv was installed from.
 export PYTHONPATH="$root/runtime:$root/operator${PYTHONPATH:+:$PYTHONPATH}"
+# Lint and format (configured in pyproject.toml) before any test runs.
+ruff check --no-cache .
+ruff format --check --no-cache .
 exec python -m pytest -ra "$@"

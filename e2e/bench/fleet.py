@@ -4,7 +4,7 @@ children rendered by the pure planner."""
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from helpers import node_manifests
 
@@ -14,8 +14,7 @@ BENCH_LABEL = "inferfleet.dev/scale-bench"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 FLOOR_MANAGER = "inferfleet-scale-floor"
 # (share of the nodes, e2e fixture whose first node is the template)
-NODE_MIX = [(0.30, "nvidia-h100"), (0.20, "nvidia-a100"), (0.20, "amd-mi300x"),
-            (0.15, "intel-max1550"), (0.15, "cpu")]
+NODE_MIX = [(0.30, "nvidia-h100"), (0.20, "nvidia-a100"), (0.20, "amd-mi300x"), (0.15, "intel-max1550"), (0.15, "cpu")]
 # No service is placed on the CPU pool: the planner pins a pool without a product label (CPU nodes)
 # with one matchFields metadata.name term listing every node, which the API server refuses for
 # more than one node ("must be only one value when operator is In"). The CPU nodes stay in the fleet.
@@ -27,7 +26,7 @@ def make_nodes(num_nodes: int) -> list[dict]:
     """num_nodes Node objects, pools in NODE_MIX proportions (largest remainder), named <fixture>-bench-<i>."""
     counts = {fixture: int(share * num_nodes) for share, fixture in NODE_MIX}
     by_remainder = sorted(NODE_MIX, key=lambda m: -(m[0] * num_nodes % 1))
-    for _, fixture in by_remainder[:num_nodes - sum(counts.values())]:
+    for _, fixture in by_remainder[: num_nodes - sum(counts.values())]:
         counts[fixture] += 1
     nodes = []
     for fixture, count in counts.items():
@@ -51,13 +50,24 @@ def make_services(num_services: int, namespaces: list[str]) -> list[dict]:
             policy, vendors = "Auto", AUTO_VENDORS[(i // 5) % len(AUTO_VENDORS)]
         else:
             policy, vendors = "Paged", PAGED_VENDORS[i % len(PAGED_VENDORS)]
-        spec = {"model": {"name": f"model-{i % 20}", "uri": f"hf://bench/model-{i % 20}"},
-                "replicas": 2 if i % 4 == 3 else 1, "runtime": {"policy": policy}}
+        spec = {
+            "model": {"name": f"model-{i % 20}", "uri": f"hf://bench/model-{i % 20}"},
+            "replicas": 2 if i % 4 == 3 else 1,
+            "runtime": {"policy": policy},
+        }
         spec["placement"] = {"vendors": vendors}
-        services.append({"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-                         "metadata": {"name": f"svc-{i}", "namespace": namespaces[i % len(namespaces)],
-                                      "labels": {BENCH_LABEL: "true"}},
-                         "spec": spec})
+        services.append(
+            {
+                "apiVersion": "inferfleet.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {
+                    "name": f"svc-{i}",
+                    "namespace": namespaces[i % len(namespaces)],
+                    "labels": {BENCH_LABEL: "true"},
+                },
+                "spec": spec,
+            }
+        )
     return services
 
 
@@ -70,12 +80,13 @@ def _relabel(obj, value: str):
     return obj
 
 
-def floor_children(services: list[dict], nodes: list[dict], runtimes: list[dict],
-                   namespaces: dict[str, str]) -> list[list[dict]]:
+def floor_children(
+    services: list[dict], nodes: list[dict], runtimes: list[dict], namespaces: dict[str, str]
+) -> list[list[dict]]:
     """Per service, the children the pure planner renders, moved to the floor namespaces, without
     ownerReferences (no InferenceService owns them) and under the floor's managed-by label."""
     view = cluster_view(nodes, runtimes)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     result = []
     for i, service in enumerate(services):
         obj = copy.deepcopy(service)

@@ -42,14 +42,12 @@ from prometheus_client.parser import text_string_to_metric_families
 E2E = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(E2E))
 
+from fleet import BENCH_LABEL, FLOOR_MANAGER, MANAGED_BY_LABEL, floor_children, make_nodes, make_services  # noqa: E402  (e2e/bench/, this script's folder)
 from helpers import CLUSTER_DIR, Cluster, cluster_bin, is_true, wait_for  # noqa: E402
 from operator_process import OperatorProcess, install, runtime_objects  # noqa: E402
 
 from inferfleet_operator.credentials import Credentials  # noqa: E402
 from inferfleet_operator.kube import resource_path  # noqa: E402
-
-from fleet import (  # noqa: E402  (e2e/bench/, this script's folder)
-    BENCH_LABEL, FLOOR_MANAGER, MANAGED_BY_LABEL, floor_children, make_nodes, make_services)
 
 USER_AGENT = "inferfleet-scale-bench"
 
@@ -66,9 +64,13 @@ class PlainClient:
 
     def __init__(self, kubeconfig: Path, concurrency: int):
         credentials = Credentials.load(str(kubeconfig))
-        self.http = httpx.AsyncClient(base_url=credentials.server, verify=credentials.ssl_context(),
-                                      timeout=120, headers={"User-Agent": USER_AGENT},
-                                      limits=httpx.Limits(max_connections=concurrency))
+        self.http = httpx.AsyncClient(
+            base_url=credentials.server,
+            verify=credentials.ssl_context(),
+            timeout=120,
+            headers={"User-Agent": USER_AGENT},
+            limits=httpx.Limits(max_connections=concurrency),
+        )
         self.gate = asyncio.Semaphore(concurrency)
         self.num_requests = 0
 
@@ -90,21 +92,28 @@ class PlainClient:
     async def apply(self, obj: dict) -> None:
         meta = obj["metadata"]
         path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-        await self.request("PATCH", path, content=json.dumps(obj),
-                           params={"fieldManager": FLOOR_MANAGER, "force": "true"},
-                           headers={"Content-Type": "application/apply-patch+yaml"})
+        await self.request(
+            "PATCH",
+            path,
+            content=json.dumps(obj),
+            params={"fieldManager": FLOOR_MANAGER, "force": "true"},
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
 
     async def list(self, path: str, selector: str) -> list[dict]:
         # resourceVersion=0: served from the API server's watch cache, the cheapest list there is.
-        response = await self.request("GET", path, params={"labelSelector": selector,
-                                                           "resourceVersion": "0"})
+        response = await self.request("GET", path, params={"labelSelector": selector, "resourceVersion": "0"})
         return response.json().get("items") or []
 
     async def apiserver_requests(self) -> float:
         """The API server's request count over every client (apiserver_request_total)."""
         text = (await self.request("GET", "/metrics")).text
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == "apiserver_request_total")
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "apiserver_request_total"
+        )
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -121,12 +130,19 @@ class NodesLost(RuntimeError):
 
 async def num_nodes_not_ready(client: PlainClient) -> int:
     nodes = await client.list("/api/v1/nodes", f"{BENCH_LABEL}=true")
-    return sum(1 for n in nodes if not any(c.get("type") == "Ready" and c.get("status") == "True"
-                                           for c in (n.get("status") or {}).get("conditions") or []))
+    return sum(
+        1
+        for n in nodes
+        if not any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (n.get("status") or {}).get("conditions") or []
+        )
+    )
 
 
-async def wait_until(client: PlainClient, predicate, what: str, total: int, timeout: float,
-                     started: float, check_nodes: bool = True) -> float:
+async def wait_until(
+    client: PlainClient, predicate, what: str, total: int, timeout: float, started: float, check_nodes: bool = True
+) -> float:
     """Polls the async predicate (-> number done) every second until it reaches total; seconds since
     started. Every 5 s: a progress line, and a check that every bench node is still Ready."""
     last_report = 0.0
@@ -141,8 +157,10 @@ async def wait_until(client: PlainClient, predicate, what: str, total: int, time
             last_report = elapsed
             lost = await num_nodes_not_ready(client) if check_nodes else 0
             if lost:
-                raise NodesLost(f"{lost} KWOK node(s) went NotReady during the run (their lease "
-                                "renewals were starved: the machine is overloaded); rerun smaller")
+                raise NodesLost(
+                    f"{lost} KWOK node(s) went NotReady during the run (their lease "
+                    "renewals were starved: the machine is overloaded); rerun smaller"
+                )
         if elapsed > timeout:
             raise TimeoutError(f"{what}: only {done}/{total} after {elapsed:.0f} s")
         await asyncio.sleep(1.0)
@@ -163,8 +181,11 @@ async def run_floor(client: PlainClient, children: list[list[dict]], timeout: fl
     async def num_ready() -> int:
         live = await client.list("/apis/apps/v1/deployments", selector)
         keys = ((d["metadata"]["namespace"], d["metadata"]["name"]) for d in live)
-        return sum(1 for key, d in zip(keys, live)
-                   if key in wanted and (d.get("status") or {}).get("readyReplicas", 0) == wanted[key])
+        return sum(
+            1
+            for key, d in zip(keys, live)
+            if key in wanted and (d.get("status") or {}).get("readyReplicas", 0) == wanted[key]
+        )
 
     before, own_before = await client.apiserver_requests(), client.num_requests
     started = time.monotonic()
@@ -174,8 +195,13 @@ async def run_floor(client: PlainClient, children: list[list[dict]], timeout: fl
     seconds = await wait_until(client, num_ready, "floor: Deployments ready", len(wanted), timeout, started)
     own = client.num_requests - own_before + 1  # + the /metrics read below
     after = await client.apiserver_requests()
-    return {"seconds": seconds, "num_objects": sum(map(len, children)), "num_deployments": len(wanted),
-            "num_pods": sum(wanted.values()), "apiserver_requests_others": after - before - own}
+    return {
+        "seconds": seconds,
+        "num_objects": sum(map(len, children)),
+        "num_deployments": len(wanted),
+        "num_pods": sum(wanted.values()),
+        "apiserver_requests_others": after - before - own,
+    }
 
 
 async def _apply_in_order(client: PlainClient, objects: list[dict]) -> None:
@@ -208,14 +234,12 @@ async def wait_idle(pid: int, timeout: float = 120) -> None:
     log(f"operator still busy after {timeout:.0f} s of start-up; starting anyway")
 
 
-async def run_operator(client: PlainClient, operator: OperatorProcess, services: list[dict],
-                       timeout: float) -> dict:
+async def run_operator(client: PlainClient, operator: OperatorProcess, services: list[dict], timeout: float) -> dict:
     wanted = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in services}
 
     async def num_ready() -> int:
         live = await client.list("/apis/inferfleet.dev/v1alpha1/inferenceservices", f"{BENCH_LABEL}=true")
-        return sum(1 for s in live if (s["metadata"]["namespace"], s["metadata"]["name"]) in wanted
-                   and _is_ready(s))
+        return sum(1 for s in live if (s["metadata"]["namespace"], s["metadata"]["name"]) in wanted and _is_ready(s))
 
     operator.start(timeout=120)
     await wait_idle(operator.process.pid)
@@ -238,7 +262,8 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
         "operator_requests": operator.metric("inferfleet_operator_api_requests_total") - requests_before,
         "operator_writes": operator.num_writes() - writes_before,
         "apiserver_requests_others": after - before - own,
-        "peak_rss_mb": memory["VmHWM"] / 1024, "rss_mb": memory["VmRSS"] / 1024,
+        "peak_rss_mb": memory["VmHWM"] / 1024,
+        "rss_mb": memory["VmRSS"] / 1024,
         "idle_rss_mb": idle_memory["VmRSS"] / 1024,
         "reconciles": operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService"),
         "reconcile_errors": operator.metric("inferfleet_operator_reconcile_errors_total"),
@@ -247,8 +272,11 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
     children = 0
     for path in ("/apis/apps/v1/deployments", "/api/v1/services", "/apis/policy/v1/poddisruptionbudgets"):
         live = await client.list(path, f"{MANAGED_BY_LABEL}=inferfleet-operator")
-        children += sum(1 for o in live if (o["metadata"]["namespace"],
-                                            o["metadata"]["labels"].get("inferfleet.dev/service")) in wanted)
+        children += sum(
+            1
+            for o in live
+            if (o["metadata"]["namespace"], o["metadata"]["labels"].get("inferfleet.dev/service")) in wanted
+        )
     result["num_objects"] = children
     return result
 
@@ -285,8 +313,11 @@ def stop_cluster(state: Path) -> None:
 
 
 def _num_established_crds(cluster: Cluster) -> int:
-    return sum(1 for crd in cluster.items("crd")
-               if crd["metadata"]["name"].endswith(".inferfleet.dev") and is_true(crd, "Established"))
+    return sum(
+        1
+        for crd in cluster.items("crd")
+        if crd["metadata"]["name"].endswith(".inferfleet.dev") and is_true(crd, "Established")
+    )
 
 
 async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: bool) -> dict:
@@ -298,28 +329,48 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
         log(f"Registering {len(nodes)} KWOK nodes")
         await create_all(client, nodes)
         started = time.monotonic()
-        await wait_until(client, lambda: _num_ready_nodes(client, len(nodes)), "KWOK nodes Ready",
-                         len(nodes), 900, started, check_nodes=False)
+        await wait_until(
+            client,
+            lambda: _num_ready_nodes(client, len(nodes)),
+            "KWOK nodes Ready",
+            len(nodes),
+            900,
+            started,
+            check_nodes=False,
+        )
         log("Installing CRDs, runtimes and the operator's ServiceAccount")
         # The CRDs first, waited for here: `kubectl wait` in install() fails outright when a CRD
         # has no status yet ("status.conditions accessor error"), a race right after creating it.
         cluster.kubectl("apply", "-f", str(E2E.parent / "crds"))
-        wait_for(lambda: _num_established_crds(cluster) == 3, timeout=60,
-                 message="the three inferfleet CRDs Established")
+        wait_for(
+            lambda: _num_established_crds(cluster) == 3, timeout=60, message="the three inferfleet CRDs Established"
+        )
         operator_kubeconfig = install(cluster, work)
         count = max(1, min(args.namespaces, args.services))
         op_ns = [f"scale-op-{i}" for i in range(count)]
         floor_ns = {ns: ns.replace("scale-op-", "scale-floor-") for ns in op_ns}
-        await create_all(client, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-                                  for ns in [*op_ns, *floor_ns.values()]])
+        await create_all(
+            client,
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+                for ns in [*op_ns, *floor_ns.values()]
+            ],
+        )
         for ns in [*op_ns, *floor_ns.values()]:
-            wait_for(lambda ns=ns: cluster.get("serviceaccount", "default", ns), timeout=60,
-                     message=f"the default ServiceAccount of {ns}")
+            wait_for(
+                lambda ns=ns: cluster.get("serviceaccount", "default", ns),
+                timeout=60,
+                message=f"the default ServiceAccount of {ns}",
+            )
         services = make_services(args.services, op_ns)
         live_nodes = cluster.items("nodes")
         children = floor_children(services, live_nodes, runtime_objects(), floor_ns)
-        pools = {d["metadata"]["labels"].get("inferfleet.dev/pool") for per in children for d in per
-                 if d["kind"] == "Deployment"}
+        pools = {
+            d["metadata"]["labels"].get("inferfleet.dev/pool")
+            for per in children
+            for d in per
+            if d["kind"] == "Deployment"
+        }
 
         log(f"Floor: applying the planner's children of {len(services)} services directly")
         floor = await run_floor(client, children, args.timeout)
@@ -334,21 +385,29 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
             operator.stop()
         num = len(services)
         return {
-            "nodes": len(nodes), "services": num, "pools_used": len(pools),
-            "deployments": floor["num_deployments"], "pods": floor["num_pods"],
-            "floor_objects": floor["num_objects"], "operator_objects": op["num_objects"],
-            "operator_seconds": round(op["seconds"], 2), "floor_seconds": round(floor["seconds"], 2),
+            "nodes": len(nodes),
+            "services": num,
+            "pools_used": len(pools),
+            "deployments": floor["num_deployments"],
+            "pods": floor["num_pods"],
+            "floor_objects": floor["num_objects"],
+            "operator_objects": op["num_objects"],
+            "operator_seconds": round(op["seconds"], 2),
+            "floor_seconds": round(floor["seconds"], 2),
             "ratio": round(op["seconds"] / floor["seconds"], 2),
             "operator_api_requests_per_service": round(op["operator_requests"] / num, 2),
             "operator_api_writes_per_service": round(op["operator_writes"] / num, 2),
             "operator_api_requests_by_verb_kind_per_service": {
-                k: round(v / num, 2) for k, v in op["requests_by_verb_kind"].items()},
+                k: round(v / num, 2) for k, v in op["requests_by_verb_kind"].items()
+            },
             "apiserver_requests_per_service_operator_run": round(op["apiserver_requests_others"] / num, 1),
             "apiserver_requests_per_service_floor_run": round(floor["apiserver_requests_others"] / num, 1),
             "operator_cpu_seconds": round(op["cpu_seconds"], 1),
-            "operator_peak_rss_mb": round(op["peak_rss_mb"], 1), "operator_rss_mb": round(op["rss_mb"], 1),
+            "operator_peak_rss_mb": round(op["peak_rss_mb"], 1),
+            "operator_rss_mb": round(op["rss_mb"], 1),
             "operator_idle_rss_mb": round(op["idle_rss_mb"], 1),
-            "operator_reconciles": int(op["reconciles"]), "operator_reconcile_errors": int(op["reconcile_errors"]),
+            "operator_reconciles": int(op["reconciles"]),
+            "operator_reconcile_errors": int(op["reconcile_errors"]),
         }
     finally:
         await client.close()
@@ -359,11 +418,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--services", type=int, default=500)
     parser.add_argument("--namespaces", type=int, default=10, help="services are spread over this many")
-    parser.add_argument("--concurrency", type=int, default=8,
-                        help="requests in flight of the bench's own client (the operator's default)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="requests in flight of the bench's own client (the operator's default)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run before giving up")
-    parser.add_argument("--kubeconfig", type=Path, help="a fresh running cluster to use (default: start one); what the bench "
-                             "creates there (nodes, scale-* namespaces) is left in place")
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="a fresh running cluster to use (default: start one); what the bench "
+        "creates there (nodes, scale-* namespaces) is left in place",
+    )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the bench's own cluster up")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)

@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import ROOT, Cluster, cluster_bin
 
 KIND_DIR = ROOT / "e2e" / "kind"
@@ -44,9 +43,12 @@ def kind_cluster(tmp_path_factory) -> KindCluster:
     docker = subprocess.run(["bash", str(KIND_DIR / "docker.sh")], capture_output=True, text=True, env=env)
     if docker.returncode != 0:
         # The only skip in the tier: no Docker engine can run here (the message says why).
-        pytest.skip(f"no Docker engine: {docker.stderr.strip().splitlines()[-1] if docker.stderr.strip() else 'docker.sh failed'}")
-    listing = subprocess.run(["bash", "-c", f'"$(bash {KIND_DIR}/node-bins.sh)/kind" get clusters'],
-                             capture_output=True, text=True, env=env)
+        pytest.skip(
+            f"no Docker engine: {docker.stderr.strip().splitlines()[-1] if docker.stderr.strip() else 'docker.sh failed'}"
+        )
+    listing = subprocess.run(
+        ["bash", "-c", f'"$(bash {KIND_DIR}/node-bins.sh)/kind" get clusters'], capture_output=True, text=True, env=env
+    )
     up = _script("up.sh", env, log)
     if up.returncode != 0:
         pytest.fail(f"e2e/kind/up.sh failed:\n{log.read_text()[-4000:]}")

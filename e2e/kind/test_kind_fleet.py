@@ -17,14 +17,16 @@ from contextlib import contextmanager
 
 import openai
 import pytest
-
 from helpers import ROOT, condition, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CHART = ROOT / "charts" / "inferfleet"
 SUFFIX = uuid.uuid4().hex[:5]
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 MANAGED = "app.kubernetes.io/managed-by=inferfleet-operator"
 MODEL = "demo"
 CPU_POOL = "cpu-amd64"
@@ -32,7 +34,11 @@ ENGINE = {"maxContextLength": 256, "maxBatchSize": 4, "dtype": "float32"}
 SMALL = {"cpu": "250m", "memory": "1536Mi"}
 BUILD = {"resources": {"cpu": "250m", "memory": "6Gi"}}  # a compile Job fits beside the serving pods on 2 cores
 # up.sh taints the simulated GPU nodes so that only pods meant for them land there.
-KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}  # two replicas fit beside kube-system on a 2-core node
+KWOK_TOLERATION = {
+    "key": "kwok.x-k8s.io/node",
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}  # two replicas fit beside kube-system on a 2-core node
 
 
 def _split(image: str) -> tuple[str, str]:
@@ -49,13 +55,21 @@ def release(kind_cluster):
     namespace = kind_cluster.create_namespace(f"inferfleet-{SUFFIX}", labels=RESTRICTED)
     repo, tag = _split(kind_cluster.operator_image)
     rt_repo, rt_tag = _split(kind_cluster.runtime_image)
-    values = [f"image.repository={repo}", f"image.tag={tag}", "image.pullPolicy=Never",
-              f"runtimes.items.paged-cpu.image.repository={rt_repo}", f"runtimes.items.paged-cpu.image.tag={rt_tag}",
-              "engineCache.create=false", "engineCache.existingClaim=engine-cache", "crds.keep=false"]
+    values = [
+        f"image.repository={repo}",
+        f"image.tag={tag}",
+        "image.pullPolicy=Never",
+        f"runtimes.items.paged-cpu.image.repository={rt_repo}",
+        f"runtimes.items.paged-cpu.image.tag={rt_tag}",
+        "engineCache.create=false",
+        "engineCache.existingClaim=engine-cache",
+        "crds.keep=false",
+    ]
     sets = [arg for value in values for arg in ("--set", value)]
     name = f"inferfleet-{SUFFIX}"
-    kind_cluster.helm("install", name, str(CHART), "--namespace", namespace, *sets, "--wait", "--timeout", "5m",
-                      timeout=360)
+    kind_cluster.helm(
+        "install", name, str(CHART), "--namespace", namespace, *sets, "--wait", "--timeout", "5m", timeout=360
+    )
     # Runtimes need their CRD served first: the chart creates them on the next upgrade (its notes say so).
     kind_cluster.helm("upgrade", name, str(CHART), "--namespace", namespace, "--reuse-values", timeout=180)
     yield {"name": name, "namespace": namespace}
@@ -78,33 +92,82 @@ def serve_ns(kind_cluster, release):
     volume, engines = f"models-{namespace}", f"engines-{namespace}"
     # The engine cache on the node, writable by the pods' uid 1000 (a hostPath volume is not chowned to fsGroup).
     engines_path = f"/var/lib/inferfleet-engines/{namespace}"
-    subprocess.run(["docker", "exec", kind_cluster.env["KIND_NODE"], "mkdir", "-p", "-m", "0777", engines_path], check=True)
-    claim = {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": volume,
-             "resources": {"requests": {"storage": "1Gi"}}}
-    kind_cluster.apply([
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
-         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": kind_cluster.models_node_dir},
-                  "claimRef": {"namespace": namespace, "name": "models"}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": namespace},
-         "spec": claim},
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": engines},
-         "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": engines_path},
-                  "claimRef": {"namespace": namespace, "name": "engine-cache"}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "engine-cache", "namespace": namespace},
-         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": engines,
-                  "resources": {"requests": {"storage": "2Gi"}}}},
-    ])
+    subprocess.run(
+        ["docker", "exec", kind_cluster.env["KIND_NODE"], "mkdir", "-p", "-m", "0777", engines_path], check=True
+    )
+    claim = {
+        "accessModes": ["ReadOnlyMany"],
+        "storageClassName": "",
+        "volumeName": volume,
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    kind_cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": kind_cluster.models_node_dir},
+                    "claimRef": {"namespace": namespace, "name": "models"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "models", "namespace": namespace},
+                "spec": claim,
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": engines},
+                "spec": {
+                    "capacity": {"storage": "2Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": engines_path},
+                    "claimRef": {"namespace": namespace, "name": "engine-cache"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "engine-cache", "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "volumeName": engines,
+                    "resources": {"requests": {"storage": "2Gi"}},
+                },
+            },
+        ]
+    )
     yield namespace
     kind_cluster.delete_namespace(namespace)
     kind_cluster.kubectl("delete", "pv", volume, engines, "--wait=false", "--ignore-not-found")
 
 
 def _service(name: str, vendors: list[str], replicas: int, runtime: dict | None = None, engine: dict = ENGINE) -> dict:
-    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
-            "spec": {"model": {"name": MODEL, "uri": f"pvc://models/{MODEL}"}, "engine": engine, "replicas": replicas,
-                     "placement": {"vendors": vendors}, "resources": SMALL, "build": BUILD, "runtime": runtime or {"policy": "Paged"}}}
+    return {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": MODEL, "uri": f"pvc://models/{MODEL}"},
+            "engine": engine,
+            "replicas": replicas,
+            "placement": {"vendors": vendors},
+            "resources": SMALL,
+            "build": BUILD,
+            "runtime": runtime or {"policy": "Paged"},
+        },
+    }
 
 
 def _ready_replicas(kind_cluster, namespace: str, deployment: str) -> int:
@@ -115,8 +178,16 @@ def _ready_replicas(kind_cluster, namespace: str, deployment: str) -> int:
 @contextmanager
 def port_forward(kind_cluster, namespace: str, target: str, port: int):
     """`kubectl port-forward` to a Service, as a user reaches it from a laptop; yields the local base URL."""
-    cmd = [str(kind_cluster.bin / "kubectl"), "--kubeconfig", str(kind_cluster.kubeconfig), "-n", namespace,
-           "port-forward", target, f":{port}"]
+    cmd = [
+        str(kind_cluster.bin / "kubectl"),
+        "--kubeconfig",
+        str(kind_cluster.kubeconfig),
+        "-n",
+        namespace,
+        "port-forward",
+        target,
+        f":{port}",
+    ]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
@@ -134,8 +205,12 @@ def demo(kind_cluster, serve_ns):
     kind_cluster.apply(_service("demo", ["cpu"], 1), namespace=serve_ns)
     deployment = f"demo-{CPU_POOL}"
     began = time.monotonic()
-    wait_for(lambda: _ready_replicas(kind_cluster, serve_ns, deployment) >= 1, timeout=600, interval=2,
-             message=f"{deployment} ready (a real pod that loaded the model)")
+    wait_for(
+        lambda: _ready_replicas(kind_cluster, serve_ns, deployment) >= 1,
+        timeout=600,
+        interval=2,
+        message=f"{deployment} ready (a real pod that loaded the model)",
+    )
     print(f"first Ready serving pod {time.monotonic() - began:.1f} s after apply")
     return serve_ns
 
@@ -163,12 +238,14 @@ def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluste
         whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
         print(f"first chat completion through the Service in {time.monotonic() - began:.2f} s")
         assert whole.choices[0].message.content.startswith("Beautiful is better than ugly.")
-        chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
-                                                     stream=True))
+        chunks = list(
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True)
+        )
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed == whole.choices[0].message.content
-        completion = client.completions.create(model=MODEL, prompt="Beautiful is better than", max_tokens=6,
-                                               temperature=0)
+        completion = client.completions.create(
+            model=MODEL, prompt="Beautiful is better than", max_tokens=6, temperature=0
+        )
         assert completion.choices[0].text.startswith(" ugly.")
     wide = kind_cluster.kubectl("get", "infsvc", "demo", "-n", demo, "-o", "wide").stdout
     print(wide)
@@ -181,13 +258,23 @@ def test_simulated_gpu_pools_get_their_deployments_in_the_same_cluster(kind_clus
     kind_cluster.apply(fleet, namespace=serve_ns)
 
     def gpu_deployments() -> dict[str, dict]:
-        found = {d["metadata"]["name"]: d for d in kind_cluster.items("deployments", serve_ns, "inferfleet.dev/service=fleet")}
-        return found if len(found) == 3 and all((d["status"].get("readyReplicas") or 0) >= 1 for d in found.values()) else {}
+        found = {
+            d["metadata"]["name"]: d
+            for d in kind_cluster.items("deployments", serve_ns, "inferfleet.dev/service=fleet")
+        }
+        return (
+            found
+            if len(found) == 3 and all((d["status"].get("readyReplicas") or 0) >= 1 for d in found.values())
+            else {}
+        )
 
     deployments = wait_for(gpu_deployments, timeout=180, interval=2, message="a ready Deployment per GPU pool (KWOK)")
     assert {name.split("-", 2)[1] for name in deployments} == {"nvidia", "amd", "intel"}
-    kwok_nodes = {n["metadata"]["name"] for n in kind_cluster.items("nodes")
-                  if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") == "fake"}
+    kwok_nodes = {
+        n["metadata"]["name"]
+        for n in kind_cluster.items("nodes")
+        if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") == "fake"
+    }
     pods = kind_cluster.items("pods", serve_ns, "inferfleet.dev/service=fleet")
     assert pods and {p["spec"].get("nodeName") for p in pods} <= kwok_nodes
     # The NVIDIA pool prefers the compiled TensorRT runtime: its EngineBuild and compile Job exist.
@@ -221,59 +308,105 @@ def _client_lines(kind_cluster, namespace: str, pod: str) -> list[dict]:
 
 
 def _client_pod(name: str, image: str, seconds: int, service: str = "demo") -> dict:
-    security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-                "seccompProfile": {"type": "RuntimeDefault"}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "containers": [{
-                "name": "client", "image": image, "imagePullPolicy": "Never", "command": ["python", "-c", CLIENT_LOOP],
-                "args": [f"http://{service}:8000/v1/completions", str(seconds)], "securityContext": security,
-                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}}]}}
+    security = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "client",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", CLIENT_LOOP],
+                    "args": [f"http://{service}:8000/v1/completions", str(seconds)],
+                    "securityContext": security,
+                    "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+                }
+            ],
+        },
+    }
 
 
 def test_deleted_serving_pod_is_replaced_while_the_service_keeps_answering(kind_cluster, demo):
     deployment = f"demo-{CPU_POOL}"
     kind_cluster.kubectl("patch", "infsvc", "demo", "-n", demo, "--type=merge", "-p", '{"spec": {"replicas": 2}}')
-    wait_for(lambda: _ready_replicas(kind_cluster, demo, deployment) == 2, timeout=600, interval=2,
-             message=f"{deployment} at 2 ready replicas")
+    wait_for(
+        lambda: _ready_replicas(kind_cluster, demo, deployment) == 2,
+        timeout=600,
+        interval=2,
+        message=f"{deployment} at 2 ready replicas",
+    )
     kind_cluster.apply(_client_pod("client", kind_cluster.runtime_image, 150), namespace=demo)
 
     def client_lines() -> list[dict]:
         return _client_lines(kind_cluster, demo, "client")
 
     wait_for(lambda: sum(e["outcome"] == "ok" for e in client_lines()) >= 5, timeout=120, message="client traffic")
-    [victim, *_] = sorted(p["metadata"]["name"] for p in kind_cluster.items("pods", demo, "inferfleet.dev/service=demo"))
+    [victim, *_] = sorted(
+        p["metadata"]["name"] for p in kind_cluster.items("pods", demo, "inferfleet.dev/service=demo")
+    )
     deleted_at = time.time()
     kind_cluster.kubectl("delete", "pod", victim, "-n", demo, "--wait=false")
 
     def replaced() -> bool:
         pods = kind_cluster.items("pods", demo, "inferfleet.dev/service=demo")
-        names = {p["metadata"]["name"] for p in pods if condition(p, "Ready") and condition(p, "Ready")["status"] == "True"}
+        names = {
+            p["metadata"]["name"] for p in pods if condition(p, "Ready") and condition(p, "Ready")["status"] == "True"
+        }
         return len(names) == 2 and victim not in names
 
     wait_for(replaced, timeout=600, interval=2, message="the deleted pod replaced by a ready one")
     replaced_at = time.time()
-    wait_for(lambda: (kind_cluster.get("pod", "client", demo) or {}).get("status", {}).get("phase") == "Succeeded",
-             timeout=300, interval=2, message="the client loop finished")
+    wait_for(
+        lambda: (kind_cluster.get("pod", "client", demo) or {}).get("status", {}).get("phase") == "Succeeded",
+        timeout=300,
+        interval=2,
+        message="the client loop finished",
+    )
     lines = client_lines()
     final = [e for e in lines if not e["outcome"].startswith("retry")]
     during = [e for e in final if deleted_at <= e["t"] <= replaced_at]
     failures = [e for e in final if e["outcome"] != "ok"]
     retries = [e for e in lines if e["outcome"].startswith("retry")]
-    print(f"requests={len(final)} during-replacement={len(during)} failed={len(failures)} retried-connections={len(retries)}")
-    assert during and all(e["outcome"] == "ok" for e in during), "the Service stopped answering while the pod was replaced"
+    print(
+        f"requests={len(final)} during-replacement={len(during)} failed={len(failures)} retried-connections={len(retries)}"
+    )
+    assert during and all(e["outcome"] == "ok" for e in during), (
+        "the Service stopped answering while the pod was replaced"
+    )
     assert not failures
     kind_cluster.kubectl("patch", "infsvc", "demo", "-n", demo, "--type=merge", "-p", '{"spec": {"replicas": 1}}')
 
 
 def _compiled_runtime(kind_cluster) -> dict:
     """An InferenceRuntime giving CPU nodes an AOTInductor engine, compiled and served by the runtime image."""
-    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceRuntime", "metadata": {"name": "compiled-cpu-e2e"},
-            "spec": {"engine": "Compiled", "vendors": ["cpu"], "image": kind_cluster.runtime_image,
-                     "compileImage": kind_cluster.runtime_image, "priority": 20}}
+    return {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceRuntime",
+        "metadata": {"name": "compiled-cpu-e2e"},
+        "spec": {
+            "engine": "Compiled",
+            "vendors": ["cpu"],
+            "image": kind_cluster.runtime_image,
+            "compileImage": kind_cluster.runtime_image,
+            "priority": 20,
+        },
+    }
 
 
 def _build_of(kind_cluster, namespace: str, service: str) -> dict | None:
-    pool = {p["name"]: p for p in ((kind_cluster.get("infsvc", service, namespace) or {}).get("status") or {}).get("pools") or []}
+    pool = {
+        p["name"]: p
+        for p in ((kind_cluster.get("infsvc", service, namespace) or {}).get("status") or {}).get("pools") or []
+    }
     key = (pool.get(CPU_POOL) or {}).get("engineBuild") or (pool.get(CPU_POOL) or {}).get("engineKey")
     return kind_cluster.get("enginebuild", key, namespace) if key else None
 
@@ -283,30 +416,52 @@ def _serving_compiled(kind_cluster, namespace: str, deployment: str, key: str) -
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     args = spec["template"]["spec"]["containers"][0]["args"] if spec else []
     settled = status.get("observedGeneration") == obj.get("metadata", {}).get("generation")
-    return (f"/engines/{key}" in args and settled and status.get("updatedReplicas") == spec.get("replicas")
-            == status.get("readyReplicas") and not status.get("unavailableReplicas") and status.get("replicas") == spec["replicas"])
+    return (
+        f"/engines/{key}" in args
+        and settled
+        and status.get("updatedReplicas") == spec.get("replicas") == status.get("readyReplicas")
+        and not status.get("unavailableReplicas")
+        and status.get("replicas") == spec["replicas"]
+    )
 
 
 def _greedy(kind_cluster, namespace: str, service: str) -> str:
     with port_forward(kind_cluster, namespace, f"service/{service}", 8000) as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
-        return client.completions.create(model=MODEL, prompt="Beautiful is better than", max_tokens=12,
-                                         temperature=0).choices[0].text
+        return (
+            client.completions.create(model=MODEL, prompt="Beautiful is better than", max_tokens=12, temperature=0)
+            .choices[0]
+            .text
+        )
 
 
 def test_cpu_pool_serves_a_compiled_engine_built_by_a_real_job_with_the_paged_greedy_tokens(kind_cluster, demo):
     kind_cluster.apply(_compiled_runtime(kind_cluster))
-    kind_cluster.apply(_service("compiled", ["cpu"], 1, runtime={"policy": "Compiled", "bridge": False}), namespace=demo)
-    build = wait_for(lambda: (b := _build_of(kind_cluster, demo, "compiled")) and (b.get("status") or {}).get("state") == "Ready" and b,
-                     timeout=900, interval=3, message="the EngineBuild Ready (its compile Job ran in a pod)")
+    kind_cluster.apply(
+        _service("compiled", ["cpu"], 1, runtime={"policy": "Compiled", "bridge": False}), namespace=demo
+    )
+    build = wait_for(
+        lambda: (
+            (b := _build_of(kind_cluster, demo, "compiled")) and (b.get("status") or {}).get("state") == "Ready" and b
+        ),
+        timeout=900,
+        interval=3,
+        message="the EngineBuild Ready (its compile Job ran in a pod)",
+    )
     status = build["status"]
-    print(f"engine {build['metadata']['name']}: {status.get('artifactSizeBytes')} bytes in {status.get('durationSeconds')} s")
+    print(
+        f"engine {build['metadata']['name']}: {status.get('artifactSizeBytes')} bytes in {status.get('durationSeconds')} s"
+    )
     assert status["artifactSizeBytes"] > 0 and status["durationSeconds"] > 0
     [job] = kind_cluster.items("jobs", demo, f"inferfleet.dev/engine-build={build['metadata']['name']}")
     assert job["status"].get("succeeded") == 1
     key = build["spec"]["engineKey"]
-    wait_for(lambda: _serving_compiled(kind_cluster, demo, f"compiled-{CPU_POOL}", key), timeout=600, interval=2,
-             message="the compiled pool's pod serving the engine and ready")
+    wait_for(
+        lambda: _serving_compiled(kind_cluster, demo, f"compiled-{CPU_POOL}", key),
+        timeout=600,
+        interval=2,
+        message="the compiled pool's pod serving the engine and ready",
+    )
     compiled, paged = _greedy(kind_cluster, demo, "compiled"), _greedy(kind_cluster, demo, "demo")
     print(f"greedy compiled={compiled!r} paged={paged!r}")
     assert compiled == paged and compiled.startswith(" ugly.")
@@ -314,25 +469,51 @@ def test_cpu_pool_serves_a_compiled_engine_built_by_a_real_job_with_the_paged_gr
 
 def test_envelope_change_builds_a_new_engine_while_the_old_one_answers_every_request(kind_cluster, demo):
     old_key = _build_of(kind_cluster, demo, "compiled")["metadata"]["name"]
-    kind_cluster.apply(_client_pod("switch-client", kind_cluster.runtime_image, 600, service="compiled"), namespace=demo)
-    wait_for(lambda: sum(e["outcome"] == "ok" for e in _client_lines(kind_cluster, demo, "switch-client")) >= 3,
-             timeout=120, message="client traffic to the compiled service")
-    kind_cluster.kubectl("patch", "infsvc", "compiled", "-n", demo, "--type=merge", "-p",
-                         json.dumps({"spec": {"engine": {**ENGINE, "maxBatchSize": 2}}}))
-    new = wait_for(lambda: (b := _build_of(kind_cluster, demo, "compiled")) and b["metadata"]["name"] != old_key and b,
-                   timeout=120, interval=2, message="a new EngineBuild for the new envelope")
+    kind_cluster.apply(
+        _client_pod("switch-client", kind_cluster.runtime_image, 600, service="compiled"), namespace=demo
+    )
+    wait_for(
+        lambda: sum(e["outcome"] == "ok" for e in _client_lines(kind_cluster, demo, "switch-client")) >= 3,
+        timeout=120,
+        message="client traffic to the compiled service",
+    )
+    kind_cluster.kubectl(
+        "patch",
+        "infsvc",
+        "compiled",
+        "-n",
+        demo,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"engine": {**ENGINE, "maxBatchSize": 2}}}),
+    )
+    new = wait_for(
+        lambda: (b := _build_of(kind_cluster, demo, "compiled")) and b["metadata"]["name"] != old_key and b,
+        timeout=120,
+        interval=2,
+        message="a new EngineBuild for the new envelope",
+    )
     new_key = new["spec"]["engineKey"]
-    wait_for(lambda: _serving_compiled(kind_cluster, demo, f"compiled-{CPU_POOL}", new_key), timeout=1200, interval=3,
-             message="the pool rolled onto the new engine")
+    wait_for(
+        lambda: _serving_compiled(kind_cluster, demo, f"compiled-{CPU_POOL}", new_key),
+        timeout=1200,
+        interval=3,
+        message="the pool rolled onto the new engine",
+    )
     switched_at = time.time()
-    wait_for(lambda: any(e["t"] > switched_at + 5 for e in _client_lines(kind_cluster, demo, "switch-client")),
-             timeout=120, message="traffic after the switch")
+    wait_for(
+        lambda: any(e["t"] > switched_at + 5 for e in _client_lines(kind_cluster, demo, "switch-client")),
+        timeout=120,
+        message="traffic after the switch",
+    )
     kind_cluster.kubectl("delete", "pod", "switch-client", "-n", demo, "--wait=false")
     lines = _client_lines(kind_cluster, demo, "switch-client")
     final = [e for e in lines if not e["outcome"].startswith("retry")]
     failures = [e for e in final if e["outcome"] != "ok"]
-    print(f"engine switch {old_key} -> {new_key}: requests={len(final)} failed={len(failures)} "
-          f"retried-connections={sum(e['outcome'].startswith('retry') for e in lines)}")
+    print(
+        f"engine switch {old_key} -> {new_key}: requests={len(final)} failed={len(failures)} "
+        f"retried-connections={sum(e['outcome'].startswith('retry') for e in lines)}"
+    )
     assert len(final) >= 10 and not failures
 
 

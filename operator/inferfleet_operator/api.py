@@ -279,7 +279,12 @@ def _fields(cls: type) -> tuple[tuple[str, str, object, bool], ...]:
     annotations is costly and planning parses every service on every pass."""
     hints = typing.get_type_hints(cls)
     return tuple(
-        (f.name, to_camel(f.name), hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        (
+            f.name,
+            to_camel(f.name),
+            hints[f.name],
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
         for f in dataclasses.fields(cls)
     )
 
@@ -399,7 +404,9 @@ def parse_runtime(obj: dict) -> InferenceRuntime:
 
 
 def parse_build(obj: dict) -> EngineBuild:
-    return EngineBuild(meta=_meta(obj), spec=from_dict(EngineBuildSpec, obj.get("spec")), status=dict(obj.get("status") or {}))
+    return EngineBuild(
+        meta=_meta(obj), spec=from_dict(EngineBuildSpec, obj.get("spec")), status=dict(obj.get("status") or {})
+    )
 
 
 def uri_scheme(uri: str) -> str:

@@ -103,7 +103,13 @@ def _pool_recommendation(spec: AutoscalingSpec, pool: PoolLoad) -> PoolDecision:
         replicas, average = replicas_for_metric(pool.current, values, target)
         if average is None:
             continue
-        reason = REASON_SCALED_UP if replicas > pool.current else REASON_SCALED_DOWN if replicas < pool.current else REASON_WITHIN_TOLERANCE
+        reason = (
+            REASON_SCALED_UP
+            if replicas > pool.current
+            else REASON_SCALED_DOWN
+            if replicas < pool.current
+            else REASON_WITHIN_TOLERANCE
+        )
         decision = PoolDecision(pool.name, pool.current, replicas, reason, metric, average, target)
         if best is None or decision.desired > best.desired:  # the HPA takes the largest proposal
             best = decision
@@ -121,12 +127,16 @@ def _stabilize(decision: PoolDecision, history: History, window: timedelta, now:
     if decision.desired < decision.current and highest > decision.desired:
         desired = min(highest, decision.current)
         reason = REASON_STABILIZING if desired == decision.current else decision.reason
-        return PoolDecision(decision.name, decision.current, desired, reason, decision.metric, decision.value, decision.target)
+        return PoolDecision(
+            decision.name, decision.current, desired, reason, decision.metric, decision.value, decision.target
+        )
     return decision
 
 
 def _with(decision: PoolDecision, desired: int, reason: str) -> PoolDecision:
-    return PoolDecision(decision.name, decision.current, desired, reason, decision.metric, decision.value, decision.target)
+    return PoolDecision(
+        decision.name, decision.current, desired, reason, decision.metric, decision.value, decision.target
+    )
 
 
 def decide(spec: AutoscalingSpec, pools: list[PoolLoad], history: History, now: datetime) -> list[PoolDecision]:

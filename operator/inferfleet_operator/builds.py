@@ -53,7 +53,7 @@ def _job_condition(job: dict, type_: str) -> dict | None:
 
 
 def _outcome(job: dict) -> str:
-    """"succeeded" | "failed" | "running" from the Job's conditions and counters."""
+    """ "succeeded" | "failed" | "running" from the Job's conditions and counters."""
     status = job.get("status") or {}
     if _job_condition(job, "Complete") or int(status.get("succeeded") or 0) > 0:
         return "succeeded"
@@ -164,7 +164,11 @@ def plan_build(
 
     jobs = sorted((j for j in jobs if _attempt(j) > 0), key=_attempt)
     attempts = _attempt(jobs[-1]) if jobs else 0
-    status = {"attempts": attempts, "maxAttempts": spec.max_attempts, "artifactPath": f"{settings.engine_cache_mount}/{spec.engine_key}"}
+    status = {
+        "attempts": attempts,
+        "maxAttempts": spec.max_attempts,
+        "artifactPath": f"{settings.engine_cache_mount}/{spec.engine_key}",
+    }
     owner = m.owner_reference(API_VERSION, "EngineBuild", name, uid)
 
     def new_job(attempt: int) -> dict:
@@ -210,7 +214,11 @@ def plan_build(
     job_pods = _pods_of(latest, list(pods))
     status["currentJob"] = latest["metadata"]["name"]
     if _outcome(latest) == "running":
-        status.update(state="Building", progress=_progress(latest, job_pods), message=f"attempt {attempts} of {spec.max_attempts} running")
+        status.update(
+            state="Building",
+            progress=_progress(latest, job_pods),
+            message=f"attempt {attempts} of {spec.max_attempts} running",
+        )
         found = f.summary(f.pods_findings(job_pods))
         if found is not None:  # e.g. unschedulable, claim missing, fetch failing: not just "waiting for a pod"
             status.update(progress=found[1], message=f"attempt {attempts} of {spec.max_attempts}: {found[1]}")
@@ -219,8 +227,12 @@ def plan_build(
 
     deadline = f.job_findings(latest)
     if deadline:
-        status.update(failureReason=deadline[0].text, state="Failed", progress="failed",
-                      message=f"attempt {attempts} failed: {deadline[0].text}")
+        status.update(
+            failureReason=deadline[0].text,
+            state="Failed",
+            progress="failed",
+            message=f"attempt {attempts} failed: {deadline[0].text}",
+        )
         return _finish(status, previous, prev_conditions, now, generation, None, None, deadline[0].reason)
     reason = _failure_reason(latest, job_pods)
     status["failureReason"] = reason
@@ -228,7 +240,9 @@ def plan_build(
         status.update(state="Failed", progress="failed", message=f"all {attempts} attempt(s) failed; last: {reason}")
         return _finish(status, previous, prev_conditions, now, generation, None, None)
     failed_at = _failed_at(latest) or now
-    next_at = failed_at + timedelta(seconds=backoff_seconds(spec.backoff_seconds, attempts, settings.max_backoff_seconds))
+    next_at = failed_at + timedelta(
+        seconds=backoff_seconds(spec.backoff_seconds, attempts, settings.max_backoff_seconds)
+    )
     if now < next_at:
         status.update(state="Pending", progress="backoff", nextAttemptTime=format_time(next_at),
                       message=f"attempt {attempts} failed; attempt {attempts + 1} at {format_time(next_at)}")  # fmt: skip
@@ -252,21 +266,30 @@ def _finish(status, previous, prev_conditions, now, generation, job, requeue_aft
     if state == "Pending" and status.get("nextAttemptTime"):
         reason = c.REASON_BACKOFF
     reason = finding or reason
-    status["conditions"] = [c.condition(prev_conditions, c.BUILT, cond_status, reason, status.get("message", ""), now, generation)]
+    status["conditions"] = [
+        c.condition(prev_conditions, c.BUILT, cond_status, reason, status.get("message", ""), now, generation)
+    ]
     status["observedGeneration"] = generation
     events = []
     old_built = prev_conditions.get(c.BUILT) or {}
     if finding and (old_built.get("reason"), old_built.get("message")) != (finding, status.get("message", "")):
         events.append(c.warning(finding, status.get("message", "")))
     if job is not None and finding != c.REASON_APPLY_FAILED:
-        events.append(c.normal(c.REASON_JOB_CREATED, f"Created Job {job['metadata']['name']} for attempt {status['attempts']}"))
+        events.append(
+            c.normal(c.REASON_JOB_CREATED, f"Created Job {job['metadata']['name']} for attempt {status['attempts']}")
+        )
     if not finding and (state != previous.get("state") or status.get("failureReason") != previous.get("failureReason")):
         if state == "Ready":
             events.append(c.normal(c.REASON_JOB_SUCCEEDED, f"Engine built by Job {status.get('currentJob')}"))
         elif state == "Failed":
             events.append(c.warning(c.REASON_ATTEMPTS_EXHAUSTED, status["message"]))
         elif status.get("failureReason") and status.get("failureReason") != previous.get("failureReason"):
-            events.append(c.warning(c.REASON_JOB_FAILED, f"Attempt {status['attempts'] - (1 if job else 0)} failed: {status['failureReason']}"))
+            events.append(
+                c.warning(
+                    c.REASON_JOB_FAILED,
+                    f"Attempt {status['attempts'] - (1 if job else 0)} failed: {status['failureReason']}",
+                )
+            )
     return BuildPlan(job=job, status=status, requeue_after=requeue_after, events=events)
 
 

@@ -57,7 +57,10 @@ def _on_resource(pool: Pool, resource: str) -> Pool:
         return pool
     keep = [info for info in pool.nodes if info.gpu_resource == resource]
     dropped = tuple(
-        (info.name, f"GPUResourceMissing: the node advertises {info.gpu_resource}, the chosen runtime requests {resource}")
+        (
+            info.name,
+            f"GPUResourceMissing: the node advertises {info.gpu_resource}, the chosen runtime requests {resource}",
+        )
         for info in pool.nodes
         if info.gpu_resource != resource
     )
@@ -97,7 +100,10 @@ def choose_for_pool(spec: InferenceServiceSpec, pool: Pool, runtimes: list[Infer
     if by_vendor and not fitting:
         wanted = sorted({f"{r.name} requests {served_resource(r, pool)}" for r in by_vendor})
         advertised = sorted(pool.gpu_resources)
-        return Excluded(pool, f"NoMatchingRuntime: no node of the pool advertises the GPU resource its runtimes request ({'; '.join(wanted)}; the nodes advertise {', '.join(advertised)})")
+        return Excluded(
+            pool,
+            f"NoMatchingRuntime: no node of the pool advertises the GPU resource its runtimes request ({'; '.join(wanted)}; the nodes advertise {', '.join(advertised)})",
+        )
     result = _choose_engine(spec, pool, fitting)
     if isinstance(result, Excluded):
         return result
@@ -126,8 +132,16 @@ def _choose_engine(spec: InferenceServiceSpec, pool: Pool, fitting: list[Inferen
 
     if policy == "Paged":
         if paged is None:
-            return Excluded(pool, f"NoMatchingRuntime: policy Paged but no Paged InferenceRuntime supports {_where(pool)}")
-        return PoolChoice(pool, "Paged", paged, paged, f"policy Paged: runtime {paged.name} (priority {paged.spec.priority}) supports {_where(pool)}")
+            return Excluded(
+                pool, f"NoMatchingRuntime: policy Paged but no Paged InferenceRuntime supports {_where(pool)}"
+            )
+        return PoolChoice(
+            pool,
+            "Paged",
+            paged,
+            paged,
+            f"policy Paged: runtime {paged.name} (priority {paged.spec.priority}) supports {_where(pool)}",
+        )
     if compiled is not None:
         companion = f"; paged companion {paged.name}" if paged else "; no Paged runtime for bridge or fallback"
         return PoolChoice(
@@ -141,10 +155,18 @@ def _choose_engine(spec: InferenceServiceSpec, pool: Pool, fitting: list[Inferen
         return Excluded(pool, f"NoMatchingRuntime: policy Compiled but {compiled_note}")
     if paged is None:
         return Excluded(pool, f"NoMatchingRuntime: no InferenceRuntime supports {_where(pool)}")
-    return PoolChoice(pool, "Paged", paged, paged, f"policy Auto: {compiled_note}; paged runtime {paged.name} (priority {paged.spec.priority})")
+    return PoolChoice(
+        pool,
+        "Paged",
+        paged,
+        paged,
+        f"policy Auto: {compiled_note}; paged runtime {paged.name} (priority {paged.spec.priority})",
+    )
 
 
-def choose_runtimes(spec: InferenceServiceSpec, pools: list[Pool], runtimes: list[InferenceRuntime]) -> tuple[list[PoolChoice], list[Excluded]]:
+def choose_runtimes(
+    spec: InferenceServiceSpec, pools: list[Pool], runtimes: list[InferenceRuntime]
+) -> tuple[list[PoolChoice], list[Excluded]]:
     """Every pool's choice, then the placement rule: accelerator pools first. A CPU pool serves only when
     placement.vendors lists cpu, when a pool override gives it replicas, or when no accelerator pool could be
     chosen."""

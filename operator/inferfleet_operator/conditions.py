@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 # Condition types of an InferenceService.
 READY = "Ready"
@@ -75,8 +75,8 @@ def warning(reason: str, message: str) -> PlannedEvent:
 def format_time(now: datetime) -> str:
     """RFC 3339 in UTC with second precision, as the API server stores metav1.Time."""
     if now.tzinfo is None:
-        now = now.replace(tzinfo=timezone.utc)
-    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = now.replace(tzinfo=UTC)
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -86,7 +86,7 @@ def parse_time(value: str | None) -> datetime | None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def by_type(conditions: list[dict] | None) -> dict[str, dict]:

@@ -45,11 +45,17 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
 def bytes_quantity(description: str, field: str, default=None) -> dict:
     """A quantity of bytes: refuses the milli suffix with a message naming the field."""
     message = f"{field} must be whole bytes, e.g. 8Gi, 500M or 1073741824 (the m suffix means thousandths: 512m is 0.512 bytes)"
-    return string(description, default, max_length=32, rules=[rule(f"self == '' || self.matches('{BYTES_PATTERN}')", message)])
+    return string(
+        description, default, max_length=32, rules=[rule(f"self == '' || self.matches('{BYTES_PATTERN}')", message)]
+    )
 
 
 def image_rule(field: str) -> dict:
-    return rule(f"self.{field}.size() > 0 && !self.{field}.contains(' ')", f"{field} must name a container image (not empty, no spaces)", fieldPath=f".{field}")
+    return rule(
+        f"self.{field}.size() > 0 && !self.{field}.contains(' ')",
+        f"{field} must name a container image (not empty, no spaces)",
+        fieldPath=f".{field}",
+    )
 
 
 def envelope_schema(description: str, rules=None) -> dict:
@@ -57,10 +63,16 @@ def envelope_schema(description: str, rules=None) -> dict:
     return obj(
         description,
         {
-            "maxContextLength": integer("Longest sequence (prompt + completion) in tokens.", d("max_context_length"), BOUNDS["max_context_length"]),
+            "maxContextLength": integer(
+                "Longest sequence (prompt + completion) in tokens.",
+                d("max_context_length"),
+                BOUNDS["max_context_length"],
+            ),
             "maxBatchSize": integer("Most sequences decoded together.", d("max_batch_size"), BOUNDS["max_batch_size"]),
             "dtype": string("Weight and activation dtype.", d("dtype"), DTYPES),
-            "tensorParallelSize": integer("GPUs one replica shards the model over.", d("tensor_parallel_size"), enum=TENSOR_PARALLEL_SIZES),
+            "tensorParallelSize": integer(
+                "GPUs one replica shards the model over.", d("tensor_parallel_size"), enum=TENSOR_PARALLEL_SIZES
+            ),
             "blockSize": integer("Tokens per KV-cache block.", d("block_size"), enum=BLOCK_SIZES),
         },
         default={},
@@ -72,20 +84,46 @@ def tolerations_schema(max_items: int = 32) -> dict:
     item = obj(
         "A toleration copied to the pods (same meaning as a pod's).",
         {
-            "key": string("Taint key (a label key such as nvidia.com/gpu); empty with operator Exists tolerates every taint.", max_length=253,
-                          rules=[rule(f"self == '' || self.matches('{LABEL_KEY_PATTERN}')",
-                                      "tolerations[].key must be a label key such as nvidia.com/gpu: an optional DNS prefix and '/', then "
-                                      "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")]),
+            "key": string(
+                "Taint key (a label key such as nvidia.com/gpu); empty with operator Exists tolerates every taint.",
+                max_length=253,
+                rules=[
+                    rule(
+                        f"self == '' || self.matches('{LABEL_KEY_PATTERN}')",
+                        "tolerations[].key must be a label key such as nvidia.com/gpu: an optional DNS prefix and '/', then "
+                        "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+                    )
+                ],
+            ),
             "operator": string("Exists or Equal.", "Equal", ("Exists", "Equal")),
-            "value": string("Taint value (Equal only).", max_length=63,
-                            rules=[rule(f"self.matches('{LABEL_VALUE_PATTERN}')", "tolerations[].value must be a label value: letters, digits, '-', '_' or '.', starting and ending with a letter or digit")]),
+            "value": string(
+                "Taint value (Equal only).",
+                max_length=63,
+                rules=[
+                    rule(
+                        f"self.matches('{LABEL_VALUE_PATTERN}')",
+                        "tolerations[].value must be a label value: letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+                    )
+                ],
+            ),
             "effect": string("Empty: every effect.", enum=("", "NoSchedule", "PreferNoSchedule", "NoExecute")),
-            "tolerationSeconds": integer("NoExecute only: how long the pod stays after the taint appears.", bounds=(0, 86400 * 365)),
+            "tolerationSeconds": integer(
+                "NoExecute only: how long the pod stays after the taint appears.", bounds=(0, 86400 * 365)
+            ),
         },
         rules=[
-            rule("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''", "tolerations[].value must be empty when operator is Exists"),
-            rule("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')", "tolerations[].operator must be Exists when key is empty"),
-            rule("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')", "tolerations[].tolerationSeconds needs effect NoExecute"),
+            rule(
+                "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                "tolerations[].value must be empty when operator is Exists",
+            ),
+            rule(
+                "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                "tolerations[].operator must be Exists when key is empty",
+            ),
+            rule(
+                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                "tolerations[].tolerationSeconds needs effect NoExecute",
+            ),
         ],
     )
     return array("Tolerations for the nodes' taints.", item, max_items)
@@ -100,16 +138,41 @@ def condition_schema() -> dict:
             "reason": string("CamelCase reason."),
             "message": string("Human-readable detail."),
             "lastTransitionTime": {"type": "string", "format": "date-time", "description": "When status last changed."},
-            "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation the condition was set for."},
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "Generation the condition was set for.",
+            },
         },
         required=("type", "status"),
     )
 
 
-def crd(kind: str, plural: str, short: str, scope: str, spec: dict, status: dict, columns: list[dict], root_rules=None, name_length=253) -> dict:
+def crd(
+    kind: str,
+    plural: str,
+    short: str,
+    scope: str,
+    spec: dict,
+    status: dict,
+    columns: list[dict],
+    root_rules=None,
+    name_length=253,
+) -> dict:
     # metadata may only restrict name; the bound keeps CEL rules over the name within the cost budget.
     metadata = {"type": "object", "properties": {"name": {"type": "string", "maxLength": name_length}}}
-    schema = obj(f"{kind} ({GROUP}/{VERSION}).", {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": metadata, "spec": spec, "status": status}, required=("spec",), rules=root_rules)
+    schema = obj(
+        f"{kind} ({GROUP}/{VERSION}).",
+        {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": metadata,
+            "spec": spec,
+            "status": status,
+        },
+        required=("spec",),
+        rules=root_rules,
+    )
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -117,7 +180,14 @@ def crd(kind: str, plural: str, short: str, scope: str, spec: dict, status: dict
         "spec": {
             "group": GROUP,
             "scope": scope,
-            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(), "shortNames": [short], "categories": ["inferfleet"]},
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
+                "categories": ["inferfleet"],
+            },
             "versions": [
                 {
                     "name": VERSION,
@@ -144,7 +214,9 @@ def build_resources_schema() -> dict:
         "Requests of the compile container.",
         {
             "cpu": string("CPU request, a Kubernetes quantity.", d("cpu"), pattern=QUANTITY_PATTERN),
-            "memory": bytes_quantity("Memory request and limit, a Kubernetes quantity of bytes.", "build.resources.memory", d("memory")),
+            "memory": bytes_quantity(
+                "Memory request and limit, a Kubernetes quantity of bytes.", "build.resources.memory", d("memory")
+            ),
         },
         default={},
     )
@@ -154,8 +226,11 @@ def build_schema() -> dict:
     return obj(
         "How compile Jobs run. Not part of the engine key; a build shared with other services keeps the settings it was created with.",
         {
-            "deadlineSeconds": integer("Seconds one compile attempt may take, model download included (the Job's activeDeadlineSeconds).",
-                                       default_of(api.BuildSpec, "deadline_seconds"), BOUNDS["build_deadline_seconds"]),
+            "deadlineSeconds": integer(
+                "Seconds one compile attempt may take, model download included (the Job's activeDeadlineSeconds).",
+                default_of(api.BuildSpec, "deadline_seconds"),
+                BOUNDS["build_deadline_seconds"],
+            ),
             "resources": build_resources_schema(),
         },
         default={},
@@ -171,41 +246,92 @@ def inference_service() -> dict:
             "model": obj(
                 "The model to serve.",
                 {
-                    "name": string("Served model name: the OpenAI `model` id clients send.", pattern=MODEL_NAME_PATTERN, max_length=128,
-                                   rules=[rule("self == oldSelf", "model.name is immutable: create a new InferenceService to serve under another name")]),  # fmt: skip
-                    "uri": string("Where the weights are: pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH (hostPath) or s3://BUCKET/KEY.", max_length=1024,
-                                  rules=[rule(f"self.matches('{URI_PATTERN}')", "model.uri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///ABSOLUTE/PATH or s3://BUCKET/KEY")]),  # fmt: skip
-                    "revision": string("Model revision (branch, tag or commit).", default_of(api.ModelSpec, "revision"), max_length=128),
+                    "name": string(
+                        "Served model name: the OpenAI `model` id clients send.",
+                        pattern=MODEL_NAME_PATTERN,
+                        max_length=128,
+                        rules=[
+                            rule(
+                                "self == oldSelf",
+                                "model.name is immutable: create a new InferenceService to serve under another name",
+                            )
+                        ],
+                    ),  # fmt: skip
+                    "uri": string(
+                        "Where the weights are: pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH (hostPath) or s3://BUCKET/KEY.",
+                        max_length=1024,
+                        rules=[
+                            rule(
+                                f"self.matches('{URI_PATTERN}')",
+                                "model.uri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///ABSOLUTE/PATH or s3://BUCKET/KEY",
+                            )
+                        ],
+                    ),  # fmt: skip
+                    "revision": string(
+                        "Model revision (branch, tag or commit).", default_of(api.ModelSpec, "revision"), max_length=128
+                    ),
                     "size": bytes_quantity(
                         "Bytes the model's files take once downloaded (hf://, s3://), e.g. 16Gi. When set, the model emptyDir gets it as sizeLimit and "
                         "the serving and compile containers request it as ephemeral-storage; unset, the volume is unbounded and nothing is requested.",
-                        "model.size"),
+                        "model.size",
+                    ),
                     "credentialsSecret": string(
                         "Name of a Secret in the service's namespace whose keys become environment variables of the model download (the fetch init "
                         "containers of serving pods and compile Jobs, never the server): HF_TOKEN for hf://; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-                        "AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL for s3://. The operator never reads it.", pattern=SECRET_NAME_PATTERN, max_length=253),
+                        "AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL for s3://. The operator never reads it.",
+                        pattern=SECRET_NAME_PATTERN,
+                        max_length=253,
+                    ),
                 },
                 required=("name", "uri"),
             ),
-            "engine": envelope_schema("The engine envelope: compiled engines are built for it, paged serving uses the same limits."),
+            "engine": envelope_schema(
+                "The engine envelope: compiled engines are built for it, paged serving uses the same limits."
+            ),
             "runtime": obj(
                 "How each pool's runtime is chosen.",
                 {
-                    "policy": string("Auto: compiled where a Compiled runtime fits the pool, else paged. Paged: paged everywhere. Compiled: only pools a Compiled runtime fits.", d_rt("policy"), POLICIES),
-                    "fallback": string("What serves a pool whose engine build failed: Paged, or None (nothing; the service is Degraded).", d_rt("fallback"), FALLBACKS),
+                    "policy": string(
+                        "Auto: compiled where a Compiled runtime fits the pool, else paged. Paged: paged everywhere. Compiled: only pools a Compiled runtime fits.",
+                        d_rt("policy"),
+                        POLICIES,
+                    ),
+                    "fallback": string(
+                        "What serves a pool whose engine build failed: Paged, or None (nothing; the service is Degraded).",
+                        d_rt("fallback"),
+                        FALLBACKS,
+                    ),
                     "bridge": boolean("Serve with paged while a compiled engine builds.", d_rt("bridge")),
                 },
                 default={},
-                rules=[rule("!(has(self.policy) && has(self.fallback) && self.policy == 'Paged' && self.fallback == 'None')",
-                            "runtime.fallback None has no effect with runtime.policy Paged (nothing is compiled): remove runtime.fallback or use policy Auto or Compiled")],  # fmt: skip
+                rules=[
+                    rule(
+                        "!(has(self.policy) && has(self.fallback) && self.policy == 'Paged' && self.fallback == 'None')",
+                        "runtime.fallback None has no effect with runtime.policy Paged (nothing is compiled): remove runtime.fallback or use policy Auto or Compiled",
+                    )
+                ],  # fmt: skip
             ),
-            "replicas": integer("Serving replicas in total across pools.", default_of(api.InferenceServiceSpec, "replicas"), BOUNDS["replicas"]),
+            "replicas": integer(
+                "Serving replicas in total across pools.",
+                default_of(api.InferenceServiceSpec, "replicas"),
+                BOUNDS["replicas"],
+            ),
             "pools": array(
                 "Per-pool replica overrides (their sum at most replicas); the remaining replicas are spread over the other pools by "
                 "capacity. An override with replicas on a CPU pool lets that pool serve even when placement.vendors does not list cpu.",
-                obj("One pool's replicas.", {"name": string("Pool name as shown in status.pools[].name.", pattern=DNS_LABEL_PATTERN, max_length=63),
-                                             "replicas": integer("Replicas in this pool.", bounds=BOUNDS["replicas"])}, required=("name", "replicas")),  # fmt: skip
-                32, "map", ("name",),
+                obj(
+                    "One pool's replicas.",
+                    {
+                        "name": string(
+                            "Pool name as shown in status.pools[].name.", pattern=DNS_LABEL_PATTERN, max_length=63
+                        ),
+                        "replicas": integer("Replicas in this pool.", bounds=BOUNDS["replicas"]),
+                    },
+                    required=("name", "replicas"),
+                ),  # fmt: skip
+                32,
+                "map",
+                ("name",),
             ),
             "placement": obj(
                 "Where the service may run.",
@@ -214,22 +340,32 @@ def inference_service() -> dict:
                         "Allowed vendors. Accelerator pools come first: replicas fill the GPU pools (by capacity) before any CPU pool gets one, "
                         "and CPU pools serve only when this list names cpu, a pools[] override gives them replicas, or no accelerator pool is "
                         "eligible. Empty: every vendor under that rule; [cpu]: CPU pools only.",
-                        string("Vendor.", enum=VENDORS), len(VENDORS), "set"),
+                        string("Vendor.", enum=VENDORS),
+                        len(VENDORS),
+                        "set",
+                    ),
                     "nodeSelector": string_map("Labels every node used must carry.", 32),
                     "tolerations": tolerations_schema(),
                     "tolerateGpuTaints": boolean(
                         "Tolerate taints keyed by the GPU resource a pool's pods request (nvidia.com/gpu, amd.com/gpu, gpu.intel.com/i915, ...; any "
                         "effect), as Kubernetes' ExtendedResourceToleration does: such tainted nodes are eligible. False: only tolerations count.",
-                        default_of(api.Placement, "tolerate_gpu_taints")),
+                        default_of(api.Placement, "tolerate_gpu_taints"),
+                    ),
                 },
                 default={},
             ),
             "resources": obj(
                 "Per replica.",
                 {
-                    "gpusPerReplica": integer("GPUs per replica (ignored on cpu pools).", d_res("gpus_per_replica"), BOUNDS["gpus_per_replica"]),
+                    "gpusPerReplica": integer(
+                        "GPUs per replica (ignored on cpu pools).",
+                        d_res("gpus_per_replica"),
+                        BOUNDS["gpus_per_replica"],
+                    ),
                     "cpu": string("CPU request, a Kubernetes quantity.", d_res("cpu"), pattern=QUANTITY_PATTERN),
-                    "memory": bytes_quantity("Memory request and limit, a Kubernetes quantity of bytes.", "resources.memory", d_res("memory")),
+                    "memory": bytes_quantity(
+                        "Memory request and limit, a Kubernetes quantity of bytes.", "resources.memory", d_res("memory")
+                    ),
                 },
                 default={},
             ),
@@ -239,44 +375,74 @@ def inference_service() -> dict:
         },
         required=("model",),
         rules=[
-            rule("self.engine.tensorParallelSize == self.resources.gpusPerReplica",
-                 "engine.tensorParallelSize must equal resources.gpusPerReplica: a replica shards the model over exactly its own GPUs",
-                 fieldPath=".engine.tensorParallelSize"),
-            rule("!has(self.pools) || self.pools.map(p, p.replicas).sum() <= self.replicas",
-                 "the sum of pools[].replicas must be at most replicas (the total across pools)", fieldPath=".pools"),
-            rule("!has(self.autoscaling) || !has(self.pools) || size(self.pools) == 0",
-                 "pools (fixed per-pool replicas) cannot be combined with autoscaling", fieldPath=".pools"),
+            rule(
+                "self.engine.tensorParallelSize == self.resources.gpusPerReplica",
+                "engine.tensorParallelSize must equal resources.gpusPerReplica: a replica shards the model over exactly its own GPUs",
+                fieldPath=".engine.tensorParallelSize",
+            ),
+            rule(
+                "!has(self.pools) || self.pools.map(p, p.replicas).sum() <= self.replicas",
+                "the sum of pools[].replicas must be at most replicas (the total across pools)",
+                fieldPath=".pools",
+            ),
+            rule(
+                "!has(self.autoscaling) || !has(self.pools) || size(self.pools) == 0",
+                "pools (fixed per-pool replicas) cannot be combined with autoscaling",
+                fieldPath=".pools",
+            ),
         ],  # fmt: skip
     )
     pool_entry = obj(
         "One pool serving (or meant to serve) this service.",
         {
-            **{k: string(v) for k, v in {
-                "name": "Pool name (vendor-product).", "vendor": "GPU vendor.", "product": "GPU product.", "architecture": "GPU architecture.",
-                "runtime": "Chosen InferenceRuntime.", "engine": "Planned engine: Compiled or Paged.", "choiceReason": "Why this runtime.",
-                "servingEngine": "What serves now: Compiled, Paged or None.", "servingRuntime": "InferenceRuntime serving now (paged).",
-                "engineBuild": "The EngineBuild this pool is built for.", "buildState": "Its state.",
-                "servingEngineBuild": "The EngineBuild whose engine serves now.", "reason": "CamelCase reason of the pool's state.",
-                "message": "Detail.",
-            }.items()},  # fmt: skip
+            **{
+                k: string(v)
+                for k, v in {
+                    "name": "Pool name (vendor-product).",
+                    "vendor": "GPU vendor.",
+                    "product": "GPU product.",
+                    "architecture": "GPU architecture.",
+                    "runtime": "Chosen InferenceRuntime.",
+                    "engine": "Planned engine: Compiled or Paged.",
+                    "choiceReason": "Why this runtime.",
+                    "servingEngine": "What serves now: Compiled, Paged or None.",
+                    "servingRuntime": "InferenceRuntime serving now (paged).",
+                    "engineBuild": "The EngineBuild this pool is built for.",
+                    "buildState": "Its state.",
+                    "servingEngineBuild": "The EngineBuild whose engine serves now.",
+                    "reason": "CamelCase reason of the pool's state.",
+                    "message": "Detail.",
+                }.items()
+            },  # fmt: skip
             "nodes": integer("Eligible nodes in the pool."),
             "desiredReplicas": integer("Replicas planned for the pool."),
             "excludedNodes": array(
                 "Nodes of the pool this service cannot use, by name (at most 100 listed).",
-                obj("One node left out.", {"name": string("Node name."), "reason": string("CamelCase reason."), "message": string("Detail.")},
-                    required=("name",)),
-                100, "map", ("name",),
+                obj(
+                    "One node left out.",
+                    {"name": string("Node name."), "reason": string("CamelCase reason."), "message": string("Detail.")},
+                    required=("name",),
+                ),
+                100,
+                "map",
+                ("name",),
             ),
             "excludedNodeCount": integer("Nodes of the pool left out, all counted."),
             "readyReplicas": integer("Ready replicas of the pool's Deployment."),
         },
         required=("name",),
     )
-    excluded = obj("A pool left out, and why.", {k: string(k) for k in ("name", "vendor", "product", "reason")}, required=("name",))
+    excluded = obj(
+        "A pool left out, and why.", {k: string(k) for k in ("name", "vendor", "product", "reason")}, required=("name",)
+    )
     status = obj(
         "Observed state; written by the operator.",
         {
-            "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation the status was computed for."},
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "Generation the status was computed for.",
+            },
             "conditions": array("Ready, EnginesBuilt, RolledOut, Degraded.", condition_schema(), 16, "map", ("type",)),
             "endpoint": string("OpenAI-compatible base URL inside the cluster."),
             "poolCount": integer("Pools chosen to serve."),
@@ -299,7 +465,17 @@ def inference_service() -> dict:
     ]
     root_rules = [rule("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
                        "metadata.name must be a DNS label that starts with a letter (at most 63 characters): it names the Service")]  # fmt: skip
-    return crd("InferenceService", "inferenceservices", "infsvc", "Namespaced", spec, status, columns, root_rules, name_length=63)
+    return crd(
+        "InferenceService",
+        "inferenceservices",
+        "infsvc",
+        "Namespaced",
+        spec,
+        status,
+        columns,
+        root_rules,
+        name_length=63,
+    )
 
 
 def inference_runtime() -> dict:
@@ -308,22 +484,45 @@ def inference_runtime() -> dict:
         "One runtime image and where it can serve.",
         {
             "engine": string("Paged or Compiled.", enum=ENGINES),
-            "vendors": array("GPU vendors it serves on.", string("Vendor.", enum=VENDORS), len(VENDORS), "set", min_items=1),
-            "architectures": array("GPU architectures it serves on (empty: every architecture of the vendors), e.g. sm90, gfx942.", string("Architecture.", max_length=32), 64, "set"),
+            "vendors": array(
+                "GPU vendors it serves on.", string("Vendor.", enum=VENDORS), len(VENDORS), "set", min_items=1
+            ),
+            "architectures": array(
+                "GPU architectures it serves on (empty: every architecture of the vendors), e.g. sm90, gfx942.",
+                string("Architecture.", max_length=32),
+                64,
+                "set",
+            ),
             "image": string("Serving image (runs `inferfleet-runtime serve`); not empty.", max_length=512),
             "compileImage": string("Compiled only: image that runs `inferfleet-runtime compile`.", max_length=512),
-            "gpuResource": string("Extended resource pods request (empty: the one the pool's nodes advertise).", pattern=RESOURCE_NAME_PATTERN, max_length=253),
+            "gpuResource": string(
+                "Extended resource pods request (empty: the one the pool's nodes advertise).",
+                pattern=RESOURCE_NAME_PATTERN,
+                max_length=253,
+            ),
             "priority": integer("Higher wins among runtimes that fit a pool.", d("priority"), BOUNDS["priority"]),
         },
         required=("engine", "vendors", "image"),
         rules=[
             image_rule("image"),
-            rule("self.engine != 'Compiled' || (has(self.compileImage) && self.compileImage.size() > 0 && !self.compileImage.contains(' '))",
-                 "compileImage is required when engine is Compiled and must name a container image (not empty, no spaces)", fieldPath=".compileImage"),
-            rule("self.engine != 'Paged' || !has(self.compileImage) || self.compileImage == ''", "compileImage is only used by engine Compiled: remove it or set engine Compiled", fieldPath=".compileImage"),
+            rule(
+                "self.engine != 'Compiled' || (has(self.compileImage) && self.compileImage.size() > 0 && !self.compileImage.contains(' '))",
+                "compileImage is required when engine is Compiled and must name a container image (not empty, no spaces)",
+                fieldPath=".compileImage",
+            ),
+            rule(
+                "self.engine != 'Paged' || !has(self.compileImage) || self.compileImage == ''",
+                "compileImage is only used by engine Compiled: remove it or set engine Compiled",
+                fieldPath=".compileImage",
+            ),
         ],  # fmt: skip
     )
-    columns = [column("Engine", ".spec.engine"), column("Vendors", ".spec.vendors"), column("Priority", ".spec.priority", "integer"), AGE]
+    columns = [
+        column("Engine", ".spec.engine"),
+        column("Vendors", ".spec.vendors"),
+        column("Priority", ".spec.priority", "integer"),
+        AGE,
+    ]
     return crd("InferenceRuntime", "inferenceruntimes", "infrt", "Cluster", spec, obj("Unused.", {}), columns)
 
 
@@ -333,28 +532,73 @@ def engine_build() -> dict:
     spec = obj(
         "One compiled engine, named by its key. Written by the operator.",
         {
-            "engineKey": string("Content hash of what determines the engine.", pattern=r"^[0-9a-f]{16}$", rules=[rule("self == oldSelf", f"engineKey {fixed}")]),
-            "modelUri": string("Model weights URI.", max_length=1024, rules=[rule("self == oldSelf", f"modelUri {fixed}"), rule(f"self.matches('{URI_PATTERN}')", "modelUri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///ABSOLUTE/PATH or s3://BUCKET/KEY")]),
+            "engineKey": string(
+                "Content hash of what determines the engine.",
+                pattern=r"^[0-9a-f]{16}$",
+                rules=[rule("self == oldSelf", f"engineKey {fixed}")],
+            ),
+            "modelUri": string(
+                "Model weights URI.",
+                max_length=1024,
+                rules=[
+                    rule("self == oldSelf", f"modelUri {fixed}"),
+                    rule(
+                        f"self.matches('{URI_PATTERN}')",
+                        "modelUri must be pvc://CLAIM/PATH, hf://ORG/NAME, file:///ABSOLUTE/PATH or s3://BUCKET/KEY",
+                    ),
+                ],
+            ),
             "revision": string("Model revision.", max_length=128, rules=[rule("self == oldSelf", f"revision {fixed}")]),
-            "envelope": envelope_schema("The envelope the engine is compiled for.", rules=[rule("self == oldSelf", f"envelope {fixed}")]),
+            "envelope": envelope_schema(
+                "The envelope the engine is compiled for.", rules=[rule("self == oldSelf", f"envelope {fixed}")]
+            ),
             "vendor": string("Target vendor.", enum=VENDORS, rules=[rule("self == oldSelf", f"vendor {fixed}")]),
-            "architecture": string("Target GPU architecture.", max_length=32, rules=[rule("self == oldSelf", f"architecture {fixed}")]),
-            "image": string("Serving image that loads the engine.", max_length=512, rules=[rule("self == oldSelf", f"image {fixed}")]),
-            "compileImage": string("Image that compiles it.", max_length=512, rules=[rule("self == oldSelf", f"compileImage {fixed}")]),
+            "architecture": string(
+                "Target GPU architecture.", max_length=32, rules=[rule("self == oldSelf", f"architecture {fixed}")]
+            ),
+            "image": string(
+                "Serving image that loads the engine.",
+                max_length=512,
+                rules=[rule("self == oldSelf", f"image {fixed}")],
+            ),
+            "compileImage": string(
+                "Image that compiles it.", max_length=512, rules=[rule("self == oldSelf", f"compileImage {fixed}")]
+            ),
             "gpuResource": string("Extended resource the compile Job requests.", max_length=253),
             "gpus": integer("GPUs the compile Job requests.", d("gpus"), (0, 16)),
-            "maxAttempts": integer("Compile Jobs tried before the build is Failed.", d("max_attempts"), BOUNDS["max_attempts"]),
-            "backoffSeconds": integer("Delay after the first failed attempt; doubles each attempt.", d("backoff_seconds"), BOUNDS["backoff_seconds"]),
+            "maxAttempts": integer(
+                "Compile Jobs tried before the build is Failed.", d("max_attempts"), BOUNDS["max_attempts"]
+            ),
+            "backoffSeconds": integer(
+                "Delay after the first failed attempt; doubles each attempt.",
+                d("backoff_seconds"),
+                BOUNDS["backoff_seconds"],
+            ),
             "placement": obj(
                 "Where compile Jobs may run (mutable: nodes come and go).",
-                {"nodeNames": array("Nodes of the target architecture.", string("Node name.", max_length=253), 5000, "set"),
-                 "tolerations": tolerations_schema(33)},  # the service's 32 and the GPU resource's
+                {
+                    "nodeNames": array(
+                        "Nodes of the target architecture.", string("Node name.", max_length=253), 5000, "set"
+                    ),
+                    "tolerations": tolerations_schema(33),
+                },  # the service's 32 and the GPU resource's
                 default={},
             ),
-            "deadlineSeconds": integer("Seconds one attempt may take (the Job's activeDeadlineSeconds).", d("deadline_seconds"), BOUNDS["build_deadline_seconds"]),
+            "deadlineSeconds": integer(
+                "Seconds one attempt may take (the Job's activeDeadlineSeconds).",
+                d("deadline_seconds"),
+                BOUNDS["build_deadline_seconds"],
+            ),
             "resources": build_resources_schema(),
-            "modelSize": bytes_quantity("Bytes of the downloaded model (emptyDir sizeLimit, ephemeral-storage request); empty: unbounded.", "modelSize"),
-            "credentialsSecret": string("Secret whose keys become the model download's environment; empty: none.", pattern=SECRET_NAME_PATTERN, max_length=253),
+            "modelSize": bytes_quantity(
+                "Bytes of the downloaded model (emptyDir sizeLimit, ephemeral-storage request); empty: unbounded.",
+                "modelSize",
+            ),
+            "credentialsSecret": string(
+                "Secret whose keys become the model download's environment; empty: none.",
+                pattern=SECRET_NAME_PATTERN,
+                max_length=253,
+            ),
         },
         required=("engineKey", "modelUri", "revision", "envelope", "vendor", "architecture", "image", "compileImage"),
     )
@@ -370,11 +614,23 @@ def engine_build() -> dict:
             "failureReason": string("Why the latest attempt failed."),
             "artifactPath": string("Engine directory in the engine cache."),
             "artifactSizeBytes": {"type": "integer", "format": "int64", "description": "Engine size."},
-            "startTime": {"type": "string", "format": "date-time", "description": "When the successful attempt started."},
+            "startTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When the successful attempt started.",
+            },
             "completionTime": {"type": "string", "format": "date-time", "description": "When it finished."},
             "durationSeconds": integer("Build duration."),
-            "nextAttemptTime": {"type": "string", "format": "date-time", "description": "When the next attempt may start (backoff)."},
-            "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation the status was computed for."},
+            "nextAttemptTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When the next attempt may start (backoff).",
+            },
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "Generation the status was computed for.",
+            },
             "conditions": array("Built.", condition_schema(), 8, "map", ("type",)),
         },
     )

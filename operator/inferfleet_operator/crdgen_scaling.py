@@ -16,16 +16,21 @@ def routing_schema() -> dict:
             "port": integer("Port of the picker (the Service port).", bounds=BOUNDS["port"]),
             "kind": string("Kind of the referent.", d("kind"), max_length=63),
             "group": string("API group of the referent (empty: core).", d("group"), max_length=253),
-            "failureMode": string("What the gateway does when the picker does not answer.", d("failure_mode"), FAILURE_MODES),
+            "failureMode": string(
+                "What the gateway does when the picker does not answer.", d("failure_mode"), FAILURE_MODES
+            ),
         },
         required=("name", "port"),
     )
     return obj(
         "How a gateway reaches the service's pods.",
         {
-            "inferencePool": string("Auto: an InferencePool (Gateway API Inference Extension) over every pool's pods when its CRD is served; "
-                                    "Enabled: always (status reports it when the CRD is missing); Disabled: never.",
-                                    default_of(api.RoutingSpec, "inference_pool"), INFERENCE_POOL_MODES),
+            "inferencePool": string(
+                "Auto: an InferencePool (Gateway API Inference Extension) over every pool's pods when its CRD is served; "
+                "Enabled: always (status reports it when the CRD is missing); Disabled: never.",
+                default_of(api.RoutingSpec, "inference_pool"),
+                INFERENCE_POOL_MODES,
+            ),
             "endpointPicker": picker,
         },
         default={},
@@ -40,18 +45,31 @@ def autoscaling_schema() -> dict:
         {
             "minReplicas": integer("Fewest replicas across pools.", d("min_replicas"), BOUNDS["min_replicas"]),
             "maxReplicas": integer("Most replicas across pools.", bounds=BOUNDS["max_replicas"]),
-            "targetWaitingRequests": integer("Target queued requests per replica (inferfleet:num_requests_waiting).", bounds=BOUNDS["target_waiting_requests"]),
-            "targetKvCacheUsagePercent": integer("Target KV cache usage per replica in percent (inferfleet:kv_cache_usage_perc).",
-                                                 bounds=BOUNDS["target_kv_cache_usage_percent"]),
-            "scaleDownStabilizationSeconds": integer("A pool scales down only to the highest recommendation of this window.",
-                                                     d("scale_down_stabilization_seconds"), BOUNDS["scale_down_stabilization_seconds"]),
+            "targetWaitingRequests": integer(
+                "Target queued requests per replica (inferfleet:num_requests_waiting).",
+                bounds=BOUNDS["target_waiting_requests"],
+            ),
+            "targetKvCacheUsagePercent": integer(
+                "Target KV cache usage per replica in percent (inferfleet:kv_cache_usage_perc).",
+                bounds=BOUNDS["target_kv_cache_usage_percent"],
+            ),
+            "scaleDownStabilizationSeconds": integer(
+                "A pool scales down only to the highest recommendation of this window.",
+                d("scale_down_stabilization_seconds"),
+                BOUNDS["scale_down_stabilization_seconds"],
+            ),
         },
         required=("maxReplicas",),
         rules=[
-            rule("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
-                 fieldPath=".minReplicas"),
-            rule("has(self.targetWaitingRequests) || has(self.targetKvCacheUsagePercent)",
-                 "autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent (or both)"),
+            rule(
+                "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+                "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
+                fieldPath=".minReplicas",
+            ),
+            rule(
+                "has(self.targetWaitingRequests) || has(self.targetKvCacheUsagePercent)",
+                "autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent (or both)",
+            ),
         ],  # fmt: skip
     )
 
@@ -88,6 +106,10 @@ def autoscaling_status_schema() -> dict:
         "What the autoscaler decided last.",
         {
             "pools": array("One entry per serving pool.", pool, 256, "map", ("name",)),
-            "lastScaleTime": {"type": "string", "format": "date-time", "description": "When a pool's replicas last changed."},
+            "lastScaleTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When a pool's replicas last changed.",
+            },
         },
     )

@@ -53,8 +53,16 @@ def obj(description: str, properties: dict, required=(), default=None, rules=Non
     return out
 
 
-def array(description: str, items: dict, max_items: int, list_type="atomic", keys=None, rules=None, min_items=None) -> dict:
-    out = {"type": "array", "description": description, "items": items, "maxItems": max_items, "x-kubernetes-list-type": list_type}
+def array(
+    description: str, items: dict, max_items: int, list_type="atomic", keys=None, rules=None, min_items=None
+) -> dict:
+    out = {
+        "type": "array",
+        "description": description,
+        "items": items,
+        "maxItems": max_items,
+        "x-kubernetes-list-type": list_type,
+    }
     if keys:
         out["x-kubernetes-list-map-keys"] = list(keys)
     if min_items is not None:
@@ -65,7 +73,12 @@ def array(description: str, items: dict, max_items: int, list_type="atomic", key
 
 
 def string_map(description: str, max_properties: int) -> dict:
-    return {"type": "object", "description": description, "additionalProperties": {"type": "string"}, "maxProperties": max_properties}
+    return {
+        "type": "object",
+        "description": description,
+        "additionalProperties": {"type": "string"},
+        "maxProperties": max_properties,
+    }
 
 
 def column(name: str, path: str, type_: str = "string", description: str = "") -> dict:

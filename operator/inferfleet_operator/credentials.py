@@ -30,22 +30,36 @@ class _NamedServerContext(ssl.SSLContext):
     def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None, session=None):
         return super().wrap_bio(incoming, outgoing, server_side, self.tls_server_name or server_hostname, session)
 
-    def wrap_socket(self, sock, server_side=False, do_handshake_on_connect=True, suppress_ragged_eofs=True,
-                    server_hostname=None, session=None):
-        return super().wrap_socket(sock, server_side, do_handshake_on_connect, suppress_ragged_eofs,
-                                   self.tls_server_name or server_hostname, session)
+    def wrap_socket(
+        self,
+        sock,
+        server_side=False,
+        do_handshake_on_connect=True,
+        suppress_ragged_eofs=True,
+        server_hostname=None,
+        session=None,
+    ):
+        return super().wrap_socket(
+            sock,
+            server_side,
+            do_handshake_on_connect,
+            suppress_ragged_eofs,
+            self.tls_server_name or server_hostname,
+            session,
+        )
 
 
 @dataclass(frozen=True)
 class Credentials:
     """A loaded `kubernetes.client.Configuration` and what the operator's clients read from it."""
 
-    configuration: Any   # kubernetes.client.Configuration; Any keeps the import out of module load
-    source: str          # "in-cluster" or the kubeconfig path, for the start-up log line
+    configuration: Any  # kubernetes.client.Configuration; Any keeps the import out of module load
+    source: str  # "in-cluster" or the kubeconfig path, for the start-up log line
 
     @classmethod
-    def load(cls, kubeconfig: str | None = None, context: str | None = None,
-             environ: Mapping[str, str] | None = None) -> Credentials:
+    def load(
+        cls, kubeconfig: str | None = None, context: str | None = None, environ: Mapping[str, str] | None = None
+    ) -> Credentials:
         """In a pod (KUBERNETES_SERVICE_HOST set and a ServiceAccount token mounted) its ServiceAccount;
         else the kubeconfig (`kubeconfig`, else $KUBECONFIG, else ~/.kube/config) and its current context."""
         from kubernetes import client, config
@@ -58,12 +72,15 @@ class Credentials:
                 return cls(configuration, "in-cluster")
             except config.ConfigException:
                 pass
-        path = kubeconfig or (environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+        path = (
+            kubeconfig or (environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+        )
         if not os.path.exists(path):
             raise CredentialsError(f"No credentials: not in a cluster and no kubeconfig at {path} (set KUBECONFIG)")
         try:
-            config.load_kube_config(config_file=path, context=context, client_configuration=configuration,
-                                    persist_config=False)
+            config.load_kube_config(
+                config_file=path, context=context, client_configuration=configuration, persist_config=False
+            )
         except (config.ConfigException, OSError, ValueError) as exc:
             raise CredentialsError(f"Could not load kubeconfig {path}: {exc}") from exc
         return cls(configuration, path)
@@ -126,5 +143,5 @@ class Credentials:
             return await handler(request)
 
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()),
-            proxy=self.proxy, middlewares=(authorize,))
+            connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()), proxy=self.proxy, middlewares=(authorize,)
+        )

@@ -13,9 +13,22 @@ APPLIED_HASH_ANNOTATION = "inferfleet.dev/applied-hash"
 # --- deciding whether an apply would change anything (so that a no-op resync writes nothing) ---
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[a-zA-Z]{0,2})$")
-_SUFFIXES = {"": 1, "m": decimal.Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9,
-             "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
-             "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIXES = {
+    "": 1,
+    "m": decimal.Decimal("0.001"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 
 
 def parse_quantity(value: Any) -> decimal.Decimal | None:
@@ -71,8 +84,7 @@ def applied_hash(desired: dict) -> str:
 def with_applied_hash(desired: dict) -> dict:
     """The manifest to apply: `desired` plus the digest annotation that `needs_apply` reads."""
     meta = dict(desired["metadata"])
-    meta["annotations"] = {**(meta.get("annotations") or {}),
-                           APPLIED_HASH_ANNOTATION: applied_hash(desired)}
+    meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_HASH_ANNOTATION: applied_hash(desired)}
     return {**desired, "metadata": meta}
 
 

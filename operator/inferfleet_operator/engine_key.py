@@ -18,7 +18,9 @@ def canonical_envelope(envelope: dict | EngineEnvelope) -> dict:
     return to_dict(from_dict(EngineEnvelope, envelope, "engine"))
 
 
-def canonical_form(model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str) -> str:
+def canonical_form(
+    model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str
+) -> str:
     document = {
         "architecture": architecture,
         "envelope": canonical_envelope(envelope),
@@ -28,7 +30,9 @@ def canonical_form(model_uri: str, revision: str, envelope: dict | EngineEnvelop
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
 
-def engine_key(model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str) -> str:
+def engine_key(
+    model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str
+) -> str:
     """sha256 of the canonical JSON, first KEY_LENGTH hex digits."""
     text = canonical_form(model_uri, revision, envelope, architecture, runtime_image)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]

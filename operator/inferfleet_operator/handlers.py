@@ -12,7 +12,8 @@ import kopf
 
 from . import builds, findings, reconcile, routing
 from .credentials import Credentials, CredentialsError
-from .kube import Kube, strip_object
+from .diff import strip_object
+from .kube import Kube
 from .metrics import Metrics
 from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, Context
 from .settings import OperatorConfig
@@ -23,8 +24,11 @@ SERVICE_KIND, BUILD_KIND = "InferenceService", "EngineBuild"
 
 # Server-side label selectors: the operator only ever sees its own children, Jobs and Job pods.
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-CHILD_RESOURCES = {"Deployment": ("apps/v1", "deployments"), "Service": ("v1", "services"),
-                   "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets")}
+CHILD_RESOURCES = {
+    "Deployment": ("apps/v1", "deployments"),
+    "Service": ("v1", "services"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+}
 
 logger = logging.getLogger("inferfleet_operator")
 
@@ -35,15 +39,19 @@ def node_view(body: Mapping[str, Any]) -> dict:
     Heartbeats, images and timestamps are left out, so two views differ only when pools may."""
     meta, status = body.get("metadata", {}), body.get("status", {})
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
-                     "annotations": dict(meta.get("annotations") or {})},
-        "spec": {k: v for k, v in body.get("spec", {}).items()
-                 if k in ("unschedulable", "taints")},
-        "status": {"capacity": dict(status.get("capacity") or {}),
-                   "allocatable": dict(status.get("allocatable") or {}),
-                   "conditions": [{"type": c.get("type"), "status": c.get("status")}
-                                  for c in status.get("conditions", [])]},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": dict(meta.get("annotations") or {}),
+        },
+        "spec": {k: v for k, v in body.get("spec", {}).items() if k in ("unschedulable", "taints")},
+        "status": {
+            "capacity": dict(status.get("capacity") or {}),
+            "allocatable": dict(status.get("allocatable") or {}),
+            "conditions": [{"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions", [])],
+        },
     }
 
 
@@ -63,8 +71,11 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
         settings.peering.clusterwide = config.is_clusterwide
         # kopf pauses every peer that ties with another for the top priority, so replicas of one
         # Deployment (same flags) draw distinct priorities unless one is given.
-        settings.peering.priority = config.peering_priority if config.peering_priority is not None \
+        settings.peering.priority = (
+            config.peering_priority
+            if config.peering_priority is not None
             else random.SystemRandom().randint(1, 1_000_000)
+        )
     for group_version, plural in CHILD_RESOURCES.values():
         settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
     settings.watching.label_selectors["batch/v1", "jobs"] = builds.BUILD_LABEL
@@ -75,10 +86,10 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.watching.reconnect_backoff = 1.0
     # kopf bookkeeping lives in annotations under our own prefix; status stays ours alone.
     settings.persistence.finalizer = "inferfleet.dev/kopf-finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix="inferfleet.dev")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inferfleet.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="inferfleet.dev", key="last-handled-configuration")
+        prefix="inferfleet.dev", key="last-handled-configuration"
+    )
     settings.queueing.idle_timeout = 30.0  # per-object kopf workers linger; ours do the work
     settings.networking.error_backoffs = config.error_delays
     settings.execution.max_workers = 2  # kopf runs sync callables in threads; ours are all async
@@ -98,23 +109,35 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             credentials = Credentials.load()
         except CredentialsError as exc:
             raise kopf.PermanentError(str(exc)) from exc
-        kube = Kube.connect(credentials, instance=config.instance,
-                            on_request=metrics.count_request)
+        kube = Kube.connect(credentials, instance=config.instance, on_request=metrics.count_request)
         # kopf passes every index under its id; all of ours end in "_index".
         indices = {k: v for k, v in kwargs.items() if k.endswith("_index")}
-        ctx = Context(kube=kube, config=config, metrics=metrics, indices=indices,
-                      scraper=httpx.AsyncClient(timeout=config.scrape_timeout_seconds))
-        queue = WorkQueue(lambda key: _work(ctx, key), concurrency=config.concurrency,
-                          debounce=config.debounce_seconds, error_delays=config.error_delays,
-                          on_error=lambda key, error: _failed(metrics, key, error))
-        metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending")
-                                      for b in ctx.all_values(reconcile.BUILDS)))
+        ctx = Context(
+            kube=kube,
+            config=config,
+            metrics=metrics,
+            indices=indices,
+            scraper=httpx.AsyncClient(timeout=config.scrape_timeout_seconds),
+        )
+        queue = WorkQueue(
+            lambda key: _work(ctx, key),
+            concurrency=config.concurrency,
+            debounce=config.debounce_seconds,
+            error_delays=config.error_delays,
+            on_error=lambda key, error: _failed(metrics, key, error),
+        )
+        metrics.watch_builds(
+            lambda: (b.get("status", {}).get("state", "Pending") for b in ctx.all_values(reconcile.BUILDS))
+        )
         metrics.watch_degraded(lambda: ctx.all_values(reconcile.SERVICES))
         memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
         memo.pod_findings = {}
         queue.start()
-        logger.info("Started operator %s for %s", config.instance,
-                    "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces))
+        logger.info(
+            "Started operator %s for %s",
+            config.instance,
+            "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces),
+        )
 
     @kopf.on.login(**on)
     async def login(**_: Any) -> kopf.AiohttpSession:
@@ -138,8 +161,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
 
     @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICE_REFS, **on)
     async def service_refs_index(namespace: str, name: str, status: kopf.Status, **_: Any):
-        refs = {p.get(field) for p in status.get("pools", []) or []
-                for field in ("engineBuild", "servingEngineBuild")}
+        refs = {p.get(field) for p in status.get("pools", []) or [] for field in ("engineBuild", "servingEngineBuild")}
         return {(namespace, ref): name for ref in refs if ref}
 
     @kopf.index(GROUP_VERSION, "inferenceruntimes", id=reconcile.RUNTIMES, **on)
@@ -171,8 +193,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     @kopf.index("v1", "pods", id=reconcile.PODS, labels=build_labelled, **on)
     async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
         pod = _plain(body)
-        return {(namespace, labels[builds.BUILD_LABEL]):
-                {k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")}}
+        return {
+            (namespace, labels[builds.BUILD_LABEL]): {
+                k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")
+            }
+        }
 
     service_labelled = {SERVICE_LABEL: kopf.PRESENT}
 
@@ -187,8 +212,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
     # ------------------------------------------------------------------ triggers
 
     @kopf.on.event(GROUP_VERSION, "inferenceservices", **on)
-    async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
-                      **_: Any) -> None:
+    async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         memo.ctx.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
         if type == "DELETED":
             memo.queue.forget((SERVICE_KIND, namespace, name))
@@ -201,8 +225,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             memo.queue.enqueue((SERVICE_KIND, namespace, name))
 
     @kopf.on.event(GROUP_VERSION, "enginebuilds", **on)
-    async def build_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
-                    service_refs_index: kopf.Index, **_: Any) -> None:
+    async def build_event(
+        type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, service_refs_index: kopf.Index, **_: Any
+    ) -> None:
         memo.ctx.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
         if type == "DELETED":
             memo.queue.forget((BUILD_KIND, namespace, name))
@@ -213,20 +238,23 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             memo.queue.enqueue((SERVICE_KIND, namespace, service))
 
     def _child_event(kind: str, group_version: str, plural: str) -> None:
-        @kopf.on.event(group_version, plural, id=f"{plural}_event",
-                       labels={SERVICE_LABEL: kopf.PRESENT}, **on)
-        async def child_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
-                        memo: kopf.Memo, **_: Any) -> None:
+        @kopf.on.event(group_version, plural, id=f"{plural}_event", labels={SERVICE_LABEL: kopf.PRESENT}, **on)
+        async def child_event(
+            type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+        ) -> None:
             memo.ctx.observed(kind, body, is_deleted=type == "DELETED")
-            memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]),
-                               fast=kind == "Deployment" and _readiness_changed(memo, type, body))
+            memo.queue.enqueue(
+                (SERVICE_KIND, namespace, labels[SERVICE_LABEL]),
+                fast=kind == "Deployment" and _readiness_changed(memo, type, body),
+            )
 
     for kind, (group_version, plural) in CHILD_RESOURCES.items():
         _child_event(kind, group_version, plural)
 
     @kopf.on.event("batch/v1", "jobs", labels=build_labelled, **on)
-    async def job_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body,
-                  memo: kopf.Memo, **_: Any) -> None:
+    async def job_event(
+        type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+    ) -> None:
         memo.ctx.observed("Job", body, is_deleted=type == "DELETED")
         memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
 
@@ -235,8 +263,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
 
     @kopf.on.event("v1", "pods", id="service_pod_event", labels=service_labelled, **on)
-    async def service_pod_event(type: str, namespace: str, name: str, labels: kopf.Labels,
-                                body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def service_pod_event(
+        type: str, namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+    ) -> None:
         # Pods change often (scheduling, probes); only a change of what they report re-plans.
         found = () if type == "DELETED" else tuple(findings.pod_findings(body))
         if memo.pod_findings.get((namespace, name), ()) == found:
@@ -248,8 +277,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
 
     @kopf.on.event("v1", "persistentvolumeclaims", **on)
-    async def claim_event(type: str | None, namespace: str, memo: kopf.Memo,
-                          service_index: kopf.Index, build_index: kopf.Index, **_: Any) -> None:
+    async def claim_event(
+        type: str | None, namespace: str, memo: kopf.Memo, service_index: kopf.Index, build_index: kopf.Index, **_: Any
+    ) -> None:
         if type not in ("ADDED", "DELETED"):
             return  # a claim's binding or resize changes nothing the operator reports
         for ns, name in list(service_index.keys()):
@@ -259,8 +289,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             memo.queue.enqueue((BUILD_KIND, namespace, build["metadata"]["name"]))
 
     @kopf.on.event("v1", "nodes", **on)
-    async def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo,
-                   service_index: kopf.Index, **_: Any) -> None:
+    async def node_event(
+        type: str, name: str, body: kopf.Body, memo: kopf.Memo, service_index: kopf.Index, **_: Any
+    ) -> None:
         # Heartbeats change nodes every few seconds; only what pools are made of re-plans services.
         signature = None if type == "DELETED" else repr(node_view(body))
         if memo.node_signatures.get(name) == signature:
@@ -279,20 +310,23 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
 
     if config.inference_pools != "disabled":
         # The GAIE CRD appearing or going: ask discovery again and re-plan every service's routing.
-        @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions",
-                       when=lambda name, **_: name == routing.POOL_CRD, **on)
+        @kopf.on.event(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            when=lambda name, **_: name == routing.POOL_CRD,
+            **on,
+        )
         async def pool_crd_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
             memo.ctx.pool_served = None
             _enqueue_all_services(memo, service_index)
 
     # Level-triggered safety net: every object is reconciled at least every resync interval.
-    @kopf.timer(GROUP_VERSION, "inferenceservices", interval=config.resync_seconds,
-                id="service_resync", **on)
+    @kopf.timer(GROUP_VERSION, "inferenceservices", interval=config.resync_seconds, id="service_resync", **on)
     async def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((SERVICE_KIND, namespace, name), 0.0)
 
-    @kopf.timer(GROUP_VERSION, "enginebuilds", interval=config.resync_seconds,
-                id="build_resync", **on)
+    @kopf.timer(GROUP_VERSION, "enginebuilds", interval=config.resync_seconds, id="build_resync", **on)
     async def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
 
@@ -331,5 +365,6 @@ def _failed(metrics: Metrics, key: tuple[str, str, str], error: BaseException) -
     if isinstance(error, kopf.TemporaryError):
         logger.info("Postponed %s %s/%s: %s", kind, namespace, name, error)
     else:
-        logger.error("Failed to reconcile %s %s/%s: %s", kind, namespace, name, error,
-                     exc_info=not hasattr(error, "status"))
+        logger.error(
+            "Failed to reconcile %s %s/%s: %s", kind, namespace, name, error, exc_info=not hasattr(error, "status")
+        )

@@ -15,9 +15,6 @@ from typing import Any
 import httpx
 
 from .credentials import Credentials
-# Re-exported: callers that predate the split import these from here.
-from .diff import (APPLIED_HASH_ANNOTATION, applied_hash, is_subset, needs_apply,  # noqa: F401
-                   parse_quantity, strip_object, with_applied_hash)
 
 FIELD_MANAGER = "inferfleet-operator"
 REPORTING_CONTROLLER = "inferfleet.dev/operator"
@@ -73,8 +70,9 @@ class _CredentialsAuth(httpx.Auth):
             yield request
 
 
-def resource_path(api_version: str, kind: str, namespace: str | None = None,
-                  name: str | None = None, subresource: str | None = None) -> str:
+def resource_path(
+    api_version: str, kind: str, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+) -> str:
     plural, is_namespaced = KINDS[kind]
     parts = ["/api/v1" if api_version == "v1" else f"/apis/{api_version}"]
     if is_namespaced and namespace:
@@ -90,20 +88,35 @@ def resource_path(api_version: str, kind: str, namespace: str | None = None,
 class Kube:
     """Async API client. Every request is counted by (verb, kind), so writes can be measured."""
 
-    def __init__(self, http: httpx.AsyncClient, *, instance: str = "inferfleet-operator",
-                 on_request: Callable[[str, str], None] | None = None):
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        *,
+        instance: str = "inferfleet-operator",
+        on_request: Callable[[str, str], None] | None = None,
+    ):
         self._http = http
         self._instance = instance
         self._on_request = on_request
         self.num_requests: collections.Counter[tuple[str, str]] = collections.Counter()
 
     @classmethod
-    def connect(cls, credentials: Credentials, *, instance: str = "inferfleet-operator",
-                on_request: Callable[[str, str], None] | None = None,
-                timeout: float = 30.0) -> Kube:
+    def connect(
+        cls,
+        credentials: Credentials,
+        *,
+        instance: str = "inferfleet-operator",
+        on_request: Callable[[str, str], None] | None = None,
+        timeout: float = 30.0,
+    ) -> Kube:
         http = httpx.AsyncClient(
-            base_url=credentials.server, verify=credentials.ssl_context(), proxy=credentials.proxy,
-            auth=_CredentialsAuth(credentials), timeout=timeout, headers={"User-Agent": FIELD_MANAGER})
+            base_url=credentials.server,
+            verify=credentials.ssl_context(),
+            proxy=credentials.proxy,
+            auth=_CredentialsAuth(credentials),
+            timeout=timeout,
+            headers={"User-Agent": FIELD_MANAGER},
+        )
         return cls(http, instance=instance, on_request=on_request)
 
     @property
@@ -113,17 +126,24 @@ class Kube:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _request(self, verb: str, kind: str, method: str, path: str, *,
-                       params: dict[str, str] | None = None, body: Any = None,
-                       content_type: str = "application/json",
-                       allow_missing: bool = False) -> dict | None:
+    async def _request(
+        self,
+        verb: str,
+        kind: str,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        allow_missing: bool = False,
+    ) -> dict | None:
         self.num_requests[(verb, kind)] += 1
         if self._on_request:
             self._on_request(verb, kind)
         content = None if body is None else json.dumps(body, separators=(",", ":"))
         headers = {"Content-Type": content_type} if content is not None else None
-        response = await self._http.request(method, path, params=params, content=content,
-                                            headers=headers)
+        response = await self._http.request(method, path, params=params, content=content, headers=headers)
         if response.status_code == 404 and allow_missing:
             return None
         if response.status_code >= 400:
@@ -142,25 +162,33 @@ class Kube:
         params = {"fieldManager": FIELD_MANAGER}
         if force:
             params["force"] = "true"
-        result = await self._request("apply", obj["kind"], "PATCH", path, params=params, body=obj,
-                                     content_type=APPLY_CONTENT_TYPE)
+        result = await self._request(
+            "apply", obj["kind"], "PATCH", path, params=params, body=obj, content_type=APPLY_CONTENT_TYPE
+        )
         assert result is not None
         return result
 
     async def apply_status(self, obj: dict, status: dict) -> dict:
         """Server-side apply of .status on the status subresource (the operator owns its status)."""
         meta = obj["metadata"]
-        body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
-                "metadata": {"name": meta["name"], **({"namespace": meta["namespace"]}
-                                                      if meta.get("namespace") else {})},
-                "status": status}
-        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"],
-                             "status")
+        body = {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "metadata": {"name": meta["name"], **({"namespace": meta["namespace"]} if meta.get("namespace") else {})},
+            "status": status,
+        }
+        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], "status")
         # Forced: status has one writer by design; a stale manager (for example a person who ran
         # `kubectl edit --subresource=status`) must not block the operator from reporting.
-        result = await self._request("apply-status", obj["kind"], "PATCH", path,
-                                     params={"fieldManager": FIELD_MANAGER, "force": "true"},
-                                     body=body, content_type=APPLY_CONTENT_TYPE)
+        result = await self._request(
+            "apply-status",
+            obj["kind"],
+            "PATCH",
+            path,
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            body=body,
+            content_type=APPLY_CONTENT_TYPE,
+        )
         assert result is not None
         return result
 
@@ -169,26 +197,30 @@ class Kube:
         manifest: an apply of a partial object would drop the manager's other fields."""
         meta = obj["metadata"]
         path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-        result = await self._request("patch", obj["kind"], "PATCH", path,
-                                     params={"fieldManager": FIELD_MANAGER},
-                                     body={"metadata": {"annotations": annotations}},
-                                     content_type="application/merge-patch+json")
+        result = await self._request(
+            "patch",
+            obj["kind"],
+            "PATCH",
+            path,
+            params={"fieldManager": FIELD_MANAGER},
+            body={"metadata": {"annotations": annotations}},
+            content_type="application/merge-patch+json",
+        )
         assert result is not None
         return result
 
-    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str, *,
-                     uid: str | None = None) -> bool:
+    async def delete(
+        self, api_version: str, kind: str, namespace: str | None, name: str, *, uid: str | None = None
+    ) -> bool:
         """Deletes one object (dependents in the background); False when it was already gone."""
-        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1",
-                                "propagationPolicy": "Background"}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}  # never delete a same-named successor
         path = resource_path(api_version, kind, namespace, name)
         result = await self._request("delete", kind, "DELETE", path, body=body, allow_missing=True)
         return result is not None
 
-    async def get(self, api_version: str, kind: str, namespace: str | None,
-                  name: str) -> dict | None:
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict | None:
         path = resource_path(api_version, kind, namespace, name)
         return await self._request("get", kind, "GET", path, allow_missing=True)
 
@@ -198,32 +230,42 @@ class Kube:
         plural = KINDS[kind][0]
         return any(r.get("name") == plural for r in (result or {}).get("resources") or [])
 
-    async def list(self, api_version: str, kind: str, namespace: str | None = None, *,
-                   label_selector: str | None = None) -> list[dict]:
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> list[dict]:
         params = {"labelSelector": label_selector} if label_selector else None
-        result = await self._request("list", kind, "GET",
-                                     resource_path(api_version, kind, namespace), params=params)
+        result = await self._request("list", kind, "GET", resource_path(api_version, kind, namespace), params=params)
         return list((result or {}).get("items") or [])
 
-    async def post_event(self, regarding: dict, *, type: str, reason: str, note: str,
-                         action: str, now: datetime.datetime | None = None) -> dict:
+    async def post_event(
+        self, regarding: dict, *, type: str, reason: str, note: str, action: str, now: datetime.datetime | None = None
+    ) -> dict:
         """Posts a core v1 Event about `regarding` (an object as read from the API)."""
         meta = regarding["metadata"]
         namespace = meta.get("namespace") or "default"
-        stamp = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": regarding["apiVersion"], "kind": regarding["kind"],
-                               "name": meta["name"], "namespace": meta.get("namespace"),
-                               "uid": meta.get("uid")},
-            "type": type, "reason": reason, "action": action,
+            "involvedObject": {
+                "apiVersion": regarding["apiVersion"],
+                "kind": regarding["kind"],
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": type,
+            "reason": reason,
+            "action": action,
             "message": note[:1000],  # Events are for people; long texts belong in status
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
             "source": {"component": FIELD_MANAGER},
-            "reportingComponent": REPORTING_CONTROLLER, "reportingInstance": self._instance,
+            "reportingComponent": REPORTING_CONTROLLER,
+            "reportingInstance": self._instance,
         }
-        result = await self._request("create", "Event", "POST",
-                                     resource_path("v1", "Event", namespace), body=event)
+        result = await self._request("create", "Event", "POST", resource_path("v1", "Event", namespace), body=event)
         assert result is not None
         return result

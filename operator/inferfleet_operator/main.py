@@ -24,8 +24,7 @@ class _RefuseUnusedClients(importlib.abc.MetaPathFinder):
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kopf reports every handler run at INFO; at our INFO only its warnings are worth a line.
     logging.getLogger("kopf").setLevel(level if level == "DEBUG" else "WARNING")
     logging.getLogger("httpx").setLevel("WARNING")

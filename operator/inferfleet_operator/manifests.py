@@ -5,7 +5,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .api import API_VERSION, EngineBuildSpec, InferenceRuntime, InferenceService, PlanSettings, Toleration, to_dict, uri_scheme
+from .api import (
+    API_VERSION,
+    EngineBuildSpec,
+    InferenceRuntime,
+    InferenceService,
+    PlanSettings,
+    Toleration,
+    to_dict,
+    uri_scheme,
+)
 from .pools import Pool
 
 NAME_LABEL = "app.kubernetes.io/name"
@@ -79,7 +88,13 @@ def _env() -> list[dict]:
 
 
 def _pod_security() -> dict:
-    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def _container_security() -> dict:
@@ -192,7 +207,12 @@ def _serve_limit_args(envelope) -> list[str]:
 
 
 def _probe(path: str, period: int, failures: int) -> dict:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5}
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
 
 
 # ------------------------------------------------------------------ builders
@@ -201,7 +221,10 @@ def _probe(path: str, period: int, failures: int) -> dict:
 def deployment_for_pool(service: InferenceService, serving: PoolServing, settings: PlanSettings) -> dict:
     spec = service.spec
     name = deployment_name(service.meta.name, serving.pool.name)
-    labels = common_labels(service.meta.name, serving.pool.name) | {ENGINE_LABEL: serving.engine.lower(), COMPONENT_LABEL: "server"}
+    labels = common_labels(service.meta.name, serving.pool.name) | {
+        ENGINE_LABEL: serving.engine.lower(),
+        COMPONENT_LABEL: "server",
+    }
     annotations = {ENGINE_KEY_ANNOTATION: serving.engine_key, RUNTIME_ANNOTATION: serving.runtime.name}
     image = serving.runtime.spec.image
     volumes = [{"name": "tmp", "emptyDir": {}}]
@@ -210,7 +233,9 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     if serving.engine == "Compiled":
         engine_dir = f"{settings.engine_cache_mount}/{serving.engine_key}"
         args = ["serve", "--engine-dir", engine_dir, "--engine", "compiled"]
-        volumes.append({"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}})
+        volumes.append(
+            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}}
+        )
         mounts.append({"name": "engines", "mountPath": settings.engine_cache_mount, "readOnly": True})
     else:
         model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings, spec.model.size)
@@ -230,7 +255,9 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         "env": _env(),
         "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
         "resources": {
-            "requests": _with_model_storage({"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model.size, bool(init_containers)),
+            "requests": _with_model_storage(
+                {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model.size, bool(init_containers)
+            ),
             "limits": limits,
         },
         # Loading weights can take minutes: the startup probe holds liveness off for up to 20 minutes.
@@ -274,7 +301,11 @@ def service_for(service: InferenceService, settings: PlanSettings) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": service.meta.name, "namespace": service.meta.namespace, "labels": common_labels(service.meta.name)},
+        "metadata": {
+            "name": service.meta.name,
+            "namespace": service.meta.namespace,
+            "labels": common_labels(service.meta.name),
+        },
         "spec": {
             "type": "ClusterIP",
             "selector": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"},
@@ -293,8 +324,15 @@ def pdb_for(service: InferenceService) -> dict:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {"name": service.meta.name, "namespace": service.meta.namespace, "labels": common_labels(service.meta.name)},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}}},
+        "metadata": {
+            "name": service.meta.name,
+            "namespace": service.meta.namespace,
+            "labels": common_labels(service.meta.name),
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}},
+        },
     }
 
 
@@ -325,11 +363,18 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
     model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings, spec.model_size)
     out = f"{settings.engine_cache_mount}/{spec.engine_key}"
     args = ["compile", "--model", model_dir, "--out", out, "--backend", compile_backend(spec.vendor)]
-    args += _envelope_args(spec.envelope) + ["--engine-key", spec.engine_key, "--target-architecture", spec.architecture]
+    args += _envelope_args(spec.envelope) + [
+        "--engine-key",
+        spec.engine_key,
+        "--target-architecture",
+        spec.architecture,
+    ]
     limits = {"memory": spec.resources.memory}
     if spec.gpu_resource:
         limits[spec.gpu_resource] = str(spec.gpus)
-    requests = _with_model_storage({"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model_size, bool(fetches))
+    requests = _with_model_storage(
+        {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model_size, bool(fetches)
+    )
     container = {
         "name": "compile",
         "image": spec.compile_image,
@@ -358,10 +403,14 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         ],
     }
     if fetches:
-        pod_spec["initContainers"] = [_fetch_container(spec.compile_image, a, settings, spec.credentials_secret) for a in fetches]
+        pod_spec["initContainers"] = [
+            _fetch_container(spec.compile_image, a, settings, spec.credentials_secret) for a in fetches
+        ]
     if spec.placement.node_names:
         terms = _node_name_terms(spec.placement.node_names)
-        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+        pod_spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
     if spec.placement.tolerations:
         pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
     return {
@@ -377,4 +426,11 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
 
 
 def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict:
-    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

@@ -12,7 +12,6 @@ from .api import BUILD_STATES
 from .kube import WRITE_VERBS
 
 
-
 class _BuildStates:
     """Collector that counts EngineBuilds by status.state at scrape time (from the operator's index)."""
 
@@ -20,8 +19,9 @@ class _BuildStates:
         self._states = states
 
     def collect(self):
-        family = GaugeMetricFamily("inferfleet_operator_engine_builds",
-                                   "EngineBuilds known to the operator, by state", labels=["state"])
+        family = GaugeMetricFamily(
+            "inferfleet_operator_engine_builds", "EngineBuilds known to the operator, by state", labels=["state"]
+        )
         counts = collections.Counter(self._states())
         for state in sorted(set(BUILD_STATES) | set(counts)):
             family.add_metric([state], counts.get(state, 0))
@@ -36,8 +36,11 @@ class _DegradedServices:
         self._reasons = reasons
 
     def collect(self):
-        family = GaugeMetricFamily("inferfleet_operator_degraded_services",
-                                   "InferenceServices with Degraded=True, by reason", labels=["reason"])
+        family = GaugeMetricFamily(
+            "inferfleet_operator_degraded_services",
+            "InferenceServices with Degraded=True, by reason",
+            labels=["reason"],
+        )
         for reason, count in sorted(collections.Counter(self._reasons()).items()):
             family.add_metric([reason], count)
         yield family
@@ -48,21 +51,31 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.reconciles = Counter("inferfleet_operator_reconciles", "Reconciles run, by kind",
-                                  ["kind"], registry=self.registry)
-        self.errors = Counter("inferfleet_operator_reconcile_errors",
-                              "Reconciles that failed, by kind", ["kind"], registry=self.registry)
-        self.duration = Histogram("inferfleet_operator_reconcile_duration_seconds",
-                                  "Wall time of one reconcile, by kind", ["kind"],
-                                  buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
-                                           5, 10),
-                                  registry=self.registry)
-        self.api_requests = Counter("inferfleet_operator_api_requests",
-                                    "Requests to the Kubernetes API, by verb and kind",
-                                    ["verb", "kind"], registry=self.registry)
-        self.api_writes = Counter("inferfleet_operator_api_writes",
-                                  "Requests that write (apply, apply-status, create, delete)",
-                                  ["kind"], registry=self.registry)
+        self.reconciles = Counter(
+            "inferfleet_operator_reconciles", "Reconciles run, by kind", ["kind"], registry=self.registry
+        )
+        self.errors = Counter(
+            "inferfleet_operator_reconcile_errors", "Reconciles that failed, by kind", ["kind"], registry=self.registry
+        )
+        self.duration = Histogram(
+            "inferfleet_operator_reconcile_duration_seconds",
+            "Wall time of one reconcile, by kind",
+            ["kind"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.api_requests = Counter(
+            "inferfleet_operator_api_requests",
+            "Requests to the Kubernetes API, by verb and kind",
+            ["verb", "kind"],
+            registry=self.registry,
+        )
+        self.api_writes = Counter(
+            "inferfleet_operator_api_writes",
+            "Requests that write (apply, apply-status, create, delete)",
+            ["kind"],
+            registry=self.registry,
+        )
 
     def count_request(self, verb: str, kind: str) -> None:
         self.api_requests.labels(verb, kind).inc()
@@ -74,9 +87,11 @@ class Metrics:
 
     def watch_degraded(self, services: Callable[[], Iterable[dict]]) -> None:
         """Counts, at scrape time, the given InferenceServices (as read) that are Degraded, by reason."""
+
         def reasons():
             for service in services():
                 for cond in (service.get("status") or {}).get("conditions") or []:
                     if cond.get("type") == "Degraded" and cond.get("status") == "True":
                         yield cond.get("reason") or "Unknown"
+
         self.registry.register(_DegradedServices(reasons))

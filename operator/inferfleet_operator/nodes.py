@@ -13,47 +13,99 @@ GPU_RESOURCES = (
     ("intel", "gpu.intel.com/i915"),
     ("habana", "habana.ai/gaudi"),
 )
-DEFAULT_RESOURCE = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "gpu.intel.com/i915", "habana": "habana.ai/gaudi"}
+DEFAULT_RESOURCE = {
+    "nvidia": "nvidia.com/gpu",
+    "amd": "amd.com/gpu",
+    "intel": "gpu.intel.com/i915",
+    "habana": "habana.ai/gaudi",
+}
 
 # PCI vendor ids (NFD labels feature.node.kubernetes.io/pci-<class>_<vendor>[_<device>].present).
 PCI_VENDORS = {"10de": "nvidia", "1002": "amd", "8086": "intel", "1da3": "habana"}
 # PCI display-controller classes: VGA, XGA, 3D, other display. Intel's vendor id is on nearly every
 # x86 board (NICs, chipsets), so for Intel only a class-qualified display-controller label counts.
 DISPLAY_CLASSES = ("0300", "0301", "0302", "0380", "1200")  # 1200: processing accelerator (Gaudi)
-_NFD_PCI = re.compile(r"^feature\.node\.kubernetes\.io/pci-(?:(?P<cls>[0-9a-f]{4})_)?(?P<vendor>[0-9a-f]{4})(?:_(?P<device>[0-9a-f]{4}))?\.present$")
+_NFD_PCI = re.compile(
+    r"^feature\.node\.kubernetes\.io/pci-(?:(?P<cls>[0-9a-f]{4})_)?(?P<vendor>[0-9a-f]{4})(?:_(?P<device>[0-9a-f]{4}))?\.present$"
+)
 _INTEL_DEVICE_LABEL = re.compile(r"^gpu\.intel\.com/device-id\.(?P<cls>[0-9a-f]{4})-(?P<device>[0-9a-f]{4})\.present$")
 
 # PCI device id -> (product, architecture).
 PCI_DEVICES = {
     "nvidia": {
-        "2330": ("h100-80gb-hbm3", "sm90"), "2331": ("h100-pcie", "sm90"), "2335": ("h200", "sm90"),
-        "20b0": ("a100-sxm4-40gb", "sm80"), "20b2": ("a100-sxm4-80gb", "sm80"), "20b5": ("a100-80gb-pcie", "sm80"),
-        "26b9": ("l40s", "sm89"), "27b8": ("l4", "sm89"), "1eb8": ("tesla-t4", "sm75"), "2237": ("a10g", "sm86"),
+        "2330": ("h100-80gb-hbm3", "sm90"),
+        "2331": ("h100-pcie", "sm90"),
+        "2335": ("h200", "sm90"),
+        "20b0": ("a100-sxm4-40gb", "sm80"),
+        "20b2": ("a100-sxm4-80gb", "sm80"),
+        "20b5": ("a100-80gb-pcie", "sm80"),
+        "26b9": ("l40s", "sm89"),
+        "27b8": ("l4", "sm89"),
+        "1eb8": ("tesla-t4", "sm75"),
+        "2237": ("a10g", "sm86"),
         "2901": ("b200", "sm100"),
     },
     "amd": {
-        "74a1": ("mi300x", "gfx942"), "74a5": ("mi325x", "gfx942"), "74a0": ("mi300a", "gfx942"),
-        "740c": ("mi250x", "gfx90a"), "740f": ("mi210", "gfx90a"), "738c": ("mi100", "gfx908"),
-        "66a1": ("mi50", "gfx906"), "75a0": ("mi350x", "gfx950"),
+        "74a1": ("mi300x", "gfx942"),
+        "74a5": ("mi325x", "gfx942"),
+        "74a0": ("mi300a", "gfx942"),
+        "740c": ("mi250x", "gfx90a"),
+        "740f": ("mi210", "gfx90a"),
+        "738c": ("mi100", "gfx908"),
+        "66a1": ("mi50", "gfx906"),
+        "75a0": ("mi350x", "gfx950"),
     },
     "intel": {
-        "0bd5": ("max-1550", "xe-hpc"), "0bd6": ("max-1550", "xe-hpc"), "0bda": ("max-1100", "xe-hpc"),
-        "56c0": ("flex-170", "xe-hpg"), "56c1": ("flex-140", "xe-hpg"), "56a0": ("arc-a770", "xe-hpg"),
+        "0bd5": ("max-1550", "xe-hpc"),
+        "0bd6": ("max-1550", "xe-hpc"),
+        "0bda": ("max-1100", "xe-hpc"),
+        "56c0": ("flex-170", "xe-hpg"),
+        "56c1": ("flex-140", "xe-hpg"),
+        "56a0": ("arc-a770", "xe-hpg"),
     },
     "habana": {"1000": ("gaudi", "gaudi"), "1020": ("gaudi2", "gaudi2"), "1060": ("gaudi3", "gaudi3")},
 }
 
 # Product name fragment -> architecture, for products named by labels (first match wins: longer fragments first).
 NVIDIA_PRODUCT_ARCH = (
-    ("gh200", "sm90"), ("h200", "sm90"), ("h100", "sm90"), ("h800", "sm90"), ("gb200", "sm100"), ("b200", "sm100"),
-    ("b100", "sm100"), ("a100", "sm80"), ("a800", "sm80"), ("a30", "sm80"), ("a10g", "sm86"), ("a10", "sm86"),
-    ("a40", "sm86"), ("a6000", "sm86"), ("l40", "sm89"), ("l4", "sm89"), ("rtx-4090", "sm89"), ("t4", "sm75"),
+    ("gh200", "sm90"),
+    ("h200", "sm90"),
+    ("h100", "sm90"),
+    ("h800", "sm90"),
+    ("gb200", "sm100"),
+    ("b200", "sm100"),
+    ("b100", "sm100"),
+    ("a100", "sm80"),
+    ("a800", "sm80"),
+    ("a30", "sm80"),
+    ("a10g", "sm86"),
+    ("a10", "sm86"),
+    ("a40", "sm86"),
+    ("a6000", "sm86"),
+    ("l40", "sm89"),
+    ("l4", "sm89"),
+    ("rtx-4090", "sm89"),
+    ("t4", "sm75"),
     ("v100", "sm70"),
 )
-NVIDIA_FAMILY_ARCH = {"volta": "sm70", "turing": "sm75", "ampere": "sm80", "ada-lovelace": "sm89", "hopper": "sm90", "blackwell": "sm100"}
+NVIDIA_FAMILY_ARCH = {
+    "volta": "sm70",
+    "turing": "sm75",
+    "ampere": "sm80",
+    "ada-lovelace": "sm89",
+    "hopper": "sm90",
+    "blackwell": "sm100",
+}
 AMD_PRODUCT_ARCH = (
-    ("mi355", "gfx950"), ("mi350", "gfx950"), ("mi325", "gfx942"), ("mi300", "gfx942"), ("mi250", "gfx90a"),
-    ("mi210", "gfx90a"), ("mi100", "gfx908"), ("mi60", "gfx906"), ("mi50", "gfx906"),
+    ("mi355", "gfx950"),
+    ("mi350", "gfx950"),
+    ("mi325", "gfx942"),
+    ("mi300", "gfx942"),
+    ("mi250", "gfx90a"),
+    ("mi210", "gfx90a"),
+    ("mi100", "gfx908"),
+    ("mi60", "gfx906"),
+    ("mi50", "gfx906"),
 )
 INTEL_PRODUCT_ARCH = (("max", "xe-hpc"), ("flex", "xe-hpg"), ("arc", "xe-hpg"))
 
@@ -118,11 +170,17 @@ def _nvidia_labels(labels: dict):
     product = labels.get("nvidia.com/gpu.product", "")
     major, minor = labels.get("nvidia.com/gpu.compute.major"), labels.get("nvidia.com/gpu.compute.minor")
     family = labels.get("nvidia.com/gpu.family", "").lower()
-    present = product or major or family or labels.get("nvidia.com/gpu.count") or labels.get("nvidia.com/gpu.present") == "true"
+    present = (
+        product
+        or major
+        or family
+        or labels.get("nvidia.com/gpu.count")
+        or labels.get("nvidia.com/gpu.present") == "true"
+    )
     if not present:
         return None
     slug = _slug(product)
-    slug = slug[len("nvidia-"):] if slug.startswith("nvidia-") else slug
+    slug = slug[len("nvidia-") :] if slug.startswith("nvidia-") else slug
     if major is not None and minor is not None:
         arch = f"sm{_count(major)}{_count(minor)}"
     else:
@@ -145,12 +203,12 @@ def amd_gpu_labels(labels: dict) -> dict:
     for key, value in labels.items():
         if not key.startswith(AMD_BETA_PREFIX):
             continue
-        rest = key[len(AMD_BETA_PREFIX):]
+        rest = key[len(AMD_BETA_PREFIX) :]
         for name in AMD_LABEL_FIELDS:
             if rest == name:
                 out[f"amd.com/gpu.{name}"] = str(value)
             elif rest.startswith(name + ".") and name != "count":
-                out[f"amd.com/gpu.{name}"] = rest[len(name) + 1:]
+                out[f"amd.com/gpu.{name}"] = rest[len(name) + 1 :]
     out.update({k: v for k, v in labels.items() if k.startswith("amd.com/gpu.")})
     return out
 

@@ -32,7 +32,11 @@ PERMISSIONS: list[dict] = [
     # and peers through kopf.dev objects for leader election when --peering is given.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"], "verbs": ["get", "list", "watch", "patch"]},
+    {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["clusterkopfpeerings", "kopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
 ]
 
 # InferencePools (Gateway API Inference Extension), granted only when the chart turns them on

@@ -5,12 +5,20 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .planner import cluster_view, plan_service_in
 
 PRODUCTS = [  # (weight, labels, allocatable)
-    (40, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0"}, {"nvidia.com/gpu": "8"}),
+    (
+        40,
+        {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.compute.major": "9",
+            "nvidia.com/gpu.compute.minor": "0",
+        },
+        {"nvidia.com/gpu": "8"},
+    ),
     (15, {"nvidia.com/gpu.product": "NVIDIA-L4"}, {"nvidia.com/gpu": "4"}),
     (20, {"amd.com/gpu.product-name": "AMD_Instinct_MI300X", "amd.com/gpu.device-id": "74a1"}, {"amd.com/gpu": "8"}),
     (10, {"gpu.intel.com/device-id.0380-0bd5.present": "true"}, {"gpu.intel.com/xe": "4"}),
@@ -60,7 +68,13 @@ def make_services(num_services: int, rng: random.Random) -> list[dict]:
             spec["placement"] = {"nodeSelector": {"zone": f"z{i % 3}"}}
         if i % 7 == 0:
             spec["placement"] = spec.get("placement", {}) | {"vendors": ["nvidia", "amd"]}
-        services.append({"metadata": {"name": f"svc-{i}", "namespace": f"team-{i % 10}", "uid": f"u{i}", "generation": 1}, "spec": spec, "status": {}})
+        services.append(
+            {
+                "metadata": {"name": f"svc-{i}", "namespace": f"team-{i % 10}", "uid": f"u{i}", "generation": 1},
+                "spec": spec,
+                "status": {},
+            }
+        )
     return services
 
 
@@ -72,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     nodes, runtimes, services = make_nodes(args.nodes, rng), make_runtimes(), make_services(args.services, rng)
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
     view = cluster_view(nodes, runtimes)
@@ -90,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 
     num_children = sum(len(p.children) for p in plans)
     num_builds = len({b["metadata"]["name"] for p in plans for b in p.engine_builds})
-    print(f"nodes={args.nodes} services={args.services} pools={len(view.pools)} children={num_children} engine_builds={num_builds}")
+    print(
+        f"nodes={args.nodes} services={args.services} pools={len(view.pools)} children={num_children} engine_builds={num_builds}"
+    )
     print(f"classify+group nodes: {cpu1 - cpu0:.3f} s CPU")
     print(f"plan all services (first pass): {cpu2 - cpu1:.3f} s CPU")
     print(f"plan all services (resync, builds half ready): {cpu3 - cpu2:.3f} s CPU")

@@ -186,7 +186,9 @@ def _build_settings(spec) -> dict:
     }
 
 
-def _build_spec(service: InferenceService, choice: PoolChoice, key: str, view: ClusterView, existing: dict | None) -> EngineBuildSpec | dict:
+def _build_spec(
+    service: InferenceService, choice: PoolChoice, key: str, view: ClusterView, existing: dict | None
+) -> EngineBuildSpec | dict:
     """The spec of the build for `key`: as stored when the build exists (its spec is immutable, and re-emitting
     it keeps services that share the build from fighting over its placement), else from this service's view.
     A build no other service references takes this service's build settings (deadline, resources, model size,
@@ -219,7 +221,10 @@ def _build_spec(service: InferenceService, choice: PoolChoice, key: str, view: C
         compile_image=runtime.spec.compile_image,
         gpu_resource=gpu_resource,
         gpus=spec.engine.tensor_parallel_size,
-        placement=BuildPlacement(node_names=tuple(node_names), tolerations=spec.placement.tolerations + gpu_toleration(spec.placement, gpu_resource)),
+        placement=BuildPlacement(
+            node_names=tuple(node_names),
+            tolerations=spec.placement.tolerations + gpu_toleration(spec.placement, gpu_resource),
+        ),
         deadline_seconds=spec.build.deadline_seconds,
         resources=spec.build.resources,
         model_size=spec.model.size,
@@ -231,7 +236,9 @@ def _serving_key(deployment: dict | None) -> str:
     return ((deployment or {}).get("metadata") or {}).get("annotations", {}).get(ENGINE_KEY_ANNOTATION, "")
 
 
-def _plan_pool(service, choice: PoolChoice, replicas: int, view, builds, deployments, wanted_builds) -> tuple[dict, PoolServing | None]:
+def _plan_pool(
+    service, choice: PoolChoice, replicas: int, view, builds, deployments, wanted_builds
+) -> tuple[dict, PoolServing | None]:
     """One pool's status entry and what its Deployment serves (None: no Deployment)."""
     pool, spec = choice.pool, service.spec
     gpu_resource = "" if pool.vendor == "cpu" else (choice.runtime.spec.gpu_resource or pool.gpu_resource)
@@ -257,7 +264,9 @@ def _plan_pool(service, choice: PoolChoice, replicas: int, view, builds, deploym
         entry.update(reason=c.REASON_NO_REPLICAS, servingEngine="None")
         return entry, None
 
-    key = engine_key(spec.model.uri, spec.model.revision, spec.engine, pool.architecture, _runtime_identity(choice.runtime))
+    key = engine_key(
+        spec.model.uri, spec.model.revision, spec.engine, pool.architecture, _runtime_identity(choice.runtime)
+    )
     wanted_builds.setdefault(key, _build_spec(service, choice, key, view, builds.get(key)))
     state = _build_state(builds.get(key))
     entry.update(engineBuild=key, buildState=state)
@@ -301,9 +310,13 @@ def plan_service_in(
     choices, not_chosen = choose_runtimes(spec, usable, list(view.runtimes))
     excluded += not_chosen
 
-    capacities = {ch.pool.name: pool_capacity(ch.pool, spec.resources.gpus_per_replica, spec.resources.cpu) for ch in choices}
+    capacities = {
+        ch.pool.name: pool_capacity(ch.pool, spec.resources.gpus_per_replica, spec.resources.cpu) for ch in choices
+    }
     overrides = {o.name: o.replicas for o in spec.pools} | (replica_overrides or {})
-    distribution = distribute(spec.replicas, capacities, overrides, {ch.pool.name: placement_tier(ch) for ch in choices})
+    distribution = distribute(
+        spec.replicas, capacities, overrides, {ch.pool.name: placement_tier(ch) for ch in choices}
+    )
 
     owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
     wanted_builds: dict[str, EngineBuildSpec | dict] = {}
@@ -317,7 +330,9 @@ def plan_service_in(
             entry.update(excluded_nodes_status(choice.pool.excluded_nodes))
         if capacities[choice.pool.name] == 0:
             entry["reason"] = c.REASON_NO_CAPACITY
-            entry["message"] = f"no node has {spec.resources.gpus_per_replica} allocatable {choice.pool.gpu_resource or 'cpu'}"
+            entry["message"] = (
+                f"no node has {spec.resources.gpus_per_replica} allocatable {choice.pool.gpu_resource or 'cpu'}"
+            )
         elif replicas == 0 and entry["reason"] in (c.REASON_SERVING_PAGED, c.REASON_SERVING_COMPILED):
             entry["reason"] = c.REASON_NO_REPLICAS
         if replicas == 0:
@@ -331,10 +346,16 @@ def plan_service_in(
 
     engine_builds = []
     for key in sorted(wanted_builds):
-        refs = [k.removeprefix(m.REF_LABEL_PREFIX) for k in ((builds.get(key) or {}).get("metadata") or {}).get("labels", {}) if k.startswith(m.REF_LABEL_PREFIX)]
+        refs = [
+            k.removeprefix(m.REF_LABEL_PREFIX)
+            for k in ((builds.get(key) or {}).get("metadata") or {}).get("labels", {})
+            if k.startswith(m.REF_LABEL_PREFIX)
+        ]
         engine_builds.append(m.engine_build_for(service.meta.namespace, wanted_builds[key], refs + [service.meta.name]))
 
     previous = service.status
     status = build_status(service, entries, excluded, distribution.num_unplaced, m.endpoint_for(service, settings), now)
     events = pool_events(previous, status)
-    return ServicePlan(engine_builds=engine_builds, children=children, status=status, events=events, capacities=capacities)
+    return ServicePlan(
+        engine_builds=engine_builds, children=children, status=status, events=events, capacities=capacities
+    )

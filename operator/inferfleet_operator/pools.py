@@ -36,7 +36,7 @@ class Pool:
 
 
 def pool_name(vendor: str, product: str) -> str:
-    """"nvidia" + "h100-80gb-hbm3" -> "nvidia-h100-80gb-hbm3"; long names are cut and suffixed with a hash."""
+    """ "nvidia" + "h100-80gb-hbm3" -> "nvidia-h100-80gb-hbm3"; long names are cut and suffixed with a hash."""
     name = re.sub(r"[^a-z0-9-]+", "-", f"{vendor}-{product}".lower()).strip("-")
     name = re.sub(r"-+", "-", name)
     if len(name) <= MAX_POOL_NAME:

@@ -12,10 +12,11 @@ from typing import Any
 from . import api, builds, findings, planner, reconcile_autoscaling, reconcile_routing
 from . import conditions as c
 from .conditions import warning
+from .diff import is_subset, needs_apply, strip_object, with_applied_hash
+from .kube import ApiError, Kube
 from .manifests import POOL_LABEL
-from .service_status import pool_events
-from .kube import ApiError, Kube, is_subset, needs_apply, strip_object, with_applied_hash
 from .metrics import Metrics
+from .service_status import pool_events
 from .settings import OperatorConfig
 
 SERVICE_LABEL = "inferfleet.dev/service"
@@ -37,8 +38,7 @@ PODS = "pod_index"  # (namespace, engine build) -> Pod of a compile Job
 SERVICE_PODS = "service_pod_index"  # (namespace, service) -> serving Pod (findings.pod_view)
 CLAIMS = "claim_index"  # namespace -> PersistentVolumeClaim name
 
-CHILD_INDEXES = {"Deployment": DEPLOYMENTS, "Service": SERVICE_OBJECTS,
-                 "PodDisruptionBudget": PDBS}
+CHILD_INDEXES = {"Deployment": DEPLOYMENTS, "Service": SERVICE_OBJECTS, "PodDisruptionBudget": PDBS}
 CHILD_API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "PodDisruptionBudget": "policy/v1"}
 
 logger = logging.getLogger("inferfleet_operator")
@@ -69,7 +69,7 @@ class Context:
     config: OperatorConfig
     metrics: Metrics
     indices: Mapping[str, Mapping[Any, Iterable[dict]]]
-    clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc)
+    clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
     # Objects this process wrote, until the watch delivers them: a reconcile that runs before the
     # watch event arrives must not see the old object and write again.
     written: dict[tuple[str, str, str], dict] = dataclasses.field(default_factory=dict)
@@ -77,8 +77,7 @@ class Context:
     posted: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
     # Writes the API server refused with a non-retryable error, per owner (kind, namespace, name):
     # {(kind, name, pool): the server's message}. Reported in the owner's status until a write succeeds.
-    refused: dict[tuple[str, str, str], dict[tuple[str, str, str], str]] = \
-        dataclasses.field(default_factory=dict)
+    refused: dict[tuple[str, str, str], dict[tuple[str, str, str], str]] = dataclasses.field(default_factory=dict)
     # Nodes and runtimes classified once per change, shared by every service's plan.
     cluster_version: int = 0
     _view: tuple[int, planner.ClusterView] | None = None
@@ -140,8 +139,7 @@ class Context:
             return False
         result = await self.kube.apply(with_applied_hash(desired), force=force)
         self.remember(result)
-        logger.info("%s %s %s", "Created" if live is None else "Updated", desired["kind"],
-                    _ref(desired))
+        logger.info("%s %s %s", "Created" if live is None else "Updated", desired["kind"], _ref(desired))
         return True
 
     async def post_events(self, obj: dict, events: Iterable[Any], action: str) -> None:
@@ -153,11 +151,9 @@ class Context:
             while len(self.posted) > 10_000:
                 self.posted.popitem(last=False)
             try:
-                await self.kube.post_event(obj, type=event.type, reason=event.reason,
-                                           note=event.message, action=action)
+                await self.kube.post_event(obj, type=event.type, reason=event.reason, note=event.message, action=action)
             except ApiError as error:  # Events are best effort: never worth a failed reconcile
-                logger.warning("Failed to post Event %s about %s %s: %s", event.reason,
-                               obj["kind"], _ref(obj), error)
+                logger.warning("Failed to post Event %s about %s %s: %s", event.reason, obj["kind"], _ref(obj), error)
 
 
 # ------------------------------------------------------------------------- InferenceService
@@ -170,16 +166,17 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     if service is None or service["metadata"].get("deletionTimestamp"):
         ctx.scaling.pop((namespace, name), None)  # its autoscaling history goes with it
         return None  # children go with their owner (ownerReferences); builds by reference GC
-    builds_by_key = {b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b
-                     for b in _builds(ctx, namespace)}
+    builds_by_key = {b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b for b in _builds(ctx, namespace)}
     deployments = {d["metadata"]["name"]: d for d in ctx.values(DEPLOYMENTS, (namespace, name))}
     try:
-        plan = planner.plan_service_in(ctx.cluster_view(), service, builds_by_key, deployments,
-                                       ctx.clock(), ctx.plan_settings)
+        plan = planner.plan_service_in(
+            ctx.cluster_view(), service, builds_by_key, deployments, ctx.clock(), ctx.plan_settings
+        )
         scaled = await reconcile_autoscaling.autoscale(ctx, service, plan.status, plan.capacities, ctx.clock())
         if scaled is not None:  # re-planned with the autoscaler's replicas per pool
-            plan = planner.plan_service_in(ctx.cluster_view(), service, builds_by_key, deployments,
-                                           ctx.clock(), ctx.plan_settings, scaled.replicas)
+            plan = planner.plan_service_in(
+                ctx.cluster_view(), service, builds_by_key, deployments, ctx.clock(), ctx.plan_settings, scaled.replicas
+            )
             plan.status["autoscaling"] = scaled.status
             plan.events += scaled.events
             plan.requeue_after = min(plan.requeue_after or float("inf"), ctx.config.autoscale_seconds)
@@ -218,7 +215,8 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     for desired in plan.engine_builds:
         build_name = desired["metadata"]["name"]
         num_changes += await apply_child(
-            desired, ctx.fresher("EngineBuild", live_builds.get(build_name), namespace, build_name))
+            desired, ctx.fresher("EngineBuild", live_builds.get(build_name), namespace, build_name)
+        )
 
     # Status next, before the children: it is computed from what was read, not from what the
     # applies return, and it is what records this service's references to its builds (a build
@@ -232,11 +230,9 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     for desired in plan.children:
         kind, child_name = desired["kind"], desired["metadata"]["name"]
         desired_names.setdefault(kind, set()).add(child_name)
-        live = _find(ctx.values(CHILD_INDEXES[kind], (namespace, name)), child_name) \
-            if kind in CHILD_INDEXES else None
+        live = _find(ctx.values(CHILD_INDEXES[kind], (namespace, name)), child_name) if kind in CHILD_INDEXES else None
         pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
-        num_changes += await apply_child(desired, ctx.fresher(kind, live, namespace, child_name),
-                                         pool)
+        num_changes += await apply_child(desired, ctx.fresher(kind, live, namespace, child_name), pool)
 
     try:
         num_changes += await reconcile_routing.apply(ctx, service, routed)
@@ -249,8 +245,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             meta = child["metadata"]
             if meta["name"] in desired_names[kind] or meta.get("deletionTimestamp"):
                 continue
-            if await ctx.kube.delete(CHILD_API_VERSIONS[kind], kind, namespace, meta["name"],
-                                     uid=meta.get("uid")):
+            if await ctx.kube.delete(CHILD_API_VERSIONS[kind], kind, namespace, meta["name"], uid=meta.get("uid")):
                 logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
                 num_changes += 1
 
@@ -266,40 +261,51 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             num_changes += 1
     # Findings are posted whether or not anything was written: a pod can start failing while every
     # object stays as planned (posted Events are remembered, so each is posted once).
-    await ctx.post_events(service, events if num_changes else
-                          [e for e in events if e.reason in findings.ORDER], "Reconcile")
+    await ctx.post_events(
+        service, events if num_changes else [e for e in events if e.reason in findings.ORDER], "Reconcile"
+    )
     if failures:
         raise failures[0]  # retried by the work queue after its error delay (a backoff)
     return plan.requeue_after
 
 
-def _with_findings(ctx: Context, service: dict, plan: planner.ServicePlan,
-                   refused: Mapping[tuple[str, str, str], str],
-                   builds_by_key: Mapping[str, dict]) -> tuple[dict, list]:
+def _with_findings(
+    ctx: Context,
+    service: dict,
+    plan: planner.ServicePlan,
+    refused: Mapping[tuple[str, str, str], str],
+    builds_by_key: Mapping[str, dict],
+) -> tuple[dict, list]:
     """The plan's status and Events with the failures a user must act on: refused writes, missing
     claims, what the service's pods report (unschedulable, model fetch failing) and what its
     builds report (compile pods that cannot run, a deadline exceeded)."""
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
-    found = [findings.apply_finding(kind, child, message, pool)
-             for (kind, child, pool), message in sorted(refused.items())]
+    found = [
+        findings.apply_finding(kind, child, message, pool) for (kind, child, pool), message in sorted(refused.items())
+    ]
     found += findings.build_findings(plan.status.get("pools") or [], builds_by_key)
     claims = ctx.claims(namespace)
     if claims is not None:
         deployments = [d for d in plan.children if d["kind"] == "Deployment"]
         found += findings.missing_claims(deployments, claims, POOL_LABEL)
-        found += findings.missing_cache_claim(plan.status.get("pools") or [], claims,
-                                              ctx.plan_settings.engine_cache_claim, namespace)
+        found += findings.missing_cache_claim(
+            plan.status.get("pools") or [], claims, ctx.plan_settings.engine_cache_claim, namespace
+        )
     if SERVICE_PODS in ctx.indices:
         found += findings.pods_findings(ctx.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
     if not found:
         return plan.status, plan.events
     previous = service.get("status") or {}
-    status = findings.degraded_status(plan.status, found, c.by_type(previous.get("conditions")),
-                                      ctx.clock(), int(service["metadata"].get("generation") or 0))
+    status = findings.degraded_status(
+        plan.status,
+        found,
+        c.by_type(previous.get("conditions")),
+        ctx.clock(),
+        int(service["metadata"].get("generation") or 0),
+    )
     # The planner's Events, against the status with the findings; the Degraded flip is said by the
     # findings' own Warnings (one per reason).
-    events = [e for e in pool_events(previous, status)
-              if not (e.type == "Warning" and e.reason in findings.ORDER)]
+    events = [e for e in pool_events(previous, status) if not (e.type == "Warning" and e.reason in findings.ORDER)]
     events += [warning(reason, message) for reason, message in findings.grouped(found)]
     return status, events
 
@@ -331,8 +337,15 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
     refused = ctx.refused.get(owner, {}).get(("Job", "", ""))
 
     def plan_with(apply_error: str | None) -> builds.BuildPlan:
-        return builds.plan_build(build, jobs, now, ctx.plan_settings, ctx.values(PODS, (namespace, name)),
-                                 claims=ctx.claims(namespace), apply_error=apply_error)
+        return builds.plan_build(
+            build,
+            jobs,
+            now,
+            ctx.plan_settings,
+            ctx.values(PODS, (namespace, name)),
+            claims=ctx.claims(namespace),
+            apply_error=apply_error,
+        )
 
     plan = plan_with(refused)
     num_changes = 0
@@ -369,15 +382,17 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
     services = [s for s in ctx.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
     gc = builds.plan_gc(build, services, now, ctx.plan_settings)
     if gc.delete:
-        if await ctx.kube.delete(api.API_VERSION, "EngineBuild", namespace, name,
-                                 uid=build["metadata"].get("uid")):
-            logger.info("Deleted EngineBuild %s/%s (unreferenced for longer than %ss)", namespace,
-                        name, ctx.config.build_retention_seconds)
+        if await ctx.kube.delete(api.API_VERSION, "EngineBuild", namespace, name, uid=build["metadata"].get("uid")):
+            logger.info(
+                "Deleted EngineBuild %s/%s (unreferenced for longer than %ss)",
+                namespace,
+                name,
+                ctx.config.build_retention_seconds,
+            )
         return None
     annotations = build["metadata"].get("annotations") or {}
     if annotations.get(UNREFERENCED_ANNOTATION) != gc.unreferenced_since:
-        result = await ctx.kube.patch_metadata(
-            build, annotations={UNREFERENCED_ANNOTATION: gc.unreferenced_since})
+        result = await ctx.kube.patch_metadata(build, annotations={UNREFERENCED_ANNOTATION: gc.unreferenced_since})
         ctx.remember(result)
     delays = [d for d in (plan.requeue_after, gc.requeue_after) if d is not None]
     return min(delays) if delays else None

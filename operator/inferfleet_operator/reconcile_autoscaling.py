@@ -10,7 +10,7 @@ from datetime import datetime
 from . import api, autoscaling
 from .autoscaling import PoolLoad
 from .conditions import PlannedEvent, normal
-from .kube import parse_quantity
+from .diff import parse_quantity
 from .manifests import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL, deployment_name
 from .scrape import scrape_pods
 
@@ -51,7 +51,9 @@ def _gpus(deployment: dict) -> int:
     return per_pod * int(spec.get("replicas") or 0)
 
 
-def _free_capacities(ctx, namespace: str, name: str, spec: api.InferenceServiceSpec, capacities: dict[str, int]) -> dict[str, int]:
+def _free_capacities(
+    ctx, namespace: str, name: str, spec: api.InferenceServiceSpec, capacities: dict[str, int]
+) -> dict[str, int]:
     """Each pool's capacity less the GPUs other inferfleet services' Deployments hold there."""
     pools = {p.name: p for p in ctx.cluster_view().pools}
     out = {}
@@ -60,9 +62,13 @@ def _free_capacities(ctx, namespace: str, name: str, spec: api.InferenceServiceS
         if pool is None or pool.vendor == "cpu":
             out[pool_name] = capacity
             continue
-        used = sum(_gpus(d) for d in ctx.all_values(DEPLOYMENTS)
-                   if (d["metadata"].get("labels") or {}).get(POOL_LABEL) == pool_name
-                   and ((d["metadata"].get("labels") or {}).get(SERVICE_LABEL), d["metadata"].get("namespace")) != (name, namespace))
+        used = sum(
+            _gpus(d)
+            for d in ctx.all_values(DEPLOYMENTS)
+            if (d["metadata"].get("labels") or {}).get(POOL_LABEL) == pool_name
+            and ((d["metadata"].get("labels") or {}).get(SERVICE_LABEL), d["metadata"].get("namespace"))
+            != (name, namespace)
+        )
         out[pool_name] = autoscaling.free_capacity(sum(pool.node_gpus), used, spec.resources.gpus_per_replica, capacity)
     return out
 
@@ -82,7 +88,9 @@ def _events(decisions: list[autoscaling.PoolDecision]) -> list[PlannedEvent]:
     return events
 
 
-async def autoscale(ctx, service_obj: dict, plan_status: dict, capacities: dict[str, int], now: datetime) -> Scaled | None:
+async def autoscale(
+    ctx, service_obj: dict, plan_status: dict, capacities: dict[str, int], now: datetime
+) -> Scaled | None:
     """None when the service is not autoscaled. Between scrapes the last decision stands."""
     service = api.parse_service(service_obj)
     scaling = service.spec.autoscaling
@@ -95,11 +103,15 @@ async def autoscale(ctx, service_obj: dict, plan_status: dict, capacities: dict[
     if time.monotonic() - state.decided_at < ctx.config.autoscale_seconds and state.replicas:
         return Scaled(dict(state.replicas), state.status, [])
     selector = f"{SERVICE_LABEL}={meta['name']},{COMPONENT_LABEL}=server"
-    pods = [p for p in await ctx.kube.list("v1", "Pod", meta["namespace"], label_selector=selector)
-            if not p["metadata"].get("deletionTimestamp")]
+    pods = [
+        p
+        for p in await ctx.kube.list("v1", "Pod", meta["namespace"], label_selector=selector)
+        if not p["metadata"].get("deletionTimestamp")
+    ]
     ready = [p for p in pods if _is_ready(p)]
-    metrics = await scrape_pods(ctx.scraper, ready, ctx.plan_settings.port, ctx.config.scrape_url_template,
-                                ctx.config.scrape_timeout_seconds)
+    metrics = await scrape_pods(
+        ctx.scraper, ready, ctx.plan_settings.port, ctx.config.scrape_url_template, ctx.config.scrape_timeout_seconds
+    )
     by_pool: dict[str, list] = {}
     for pod, value in zip(ready, metrics):
         by_pool.setdefault((pod["metadata"].get("labels") or {}).get(POOL_LABEL, ""), []).append(value)
@@ -111,13 +123,24 @@ async def autoscale(ctx, service_obj: dict, plan_status: dict, capacities: dict[
     loads = []
     for entry in plan_status.get("pools", []):
         live = deployments.get(deployment_name(meta["name"], entry["name"]))
-        current = int((live or {}).get("spec", {}).get("replicas", entry.get("desiredReplicas", 0))) if live else \
-            state.replicas.get(entry["name"], entry.get("desiredReplicas", 0))
+        current = (
+            int((live or {}).get("spec", {}).get("replicas", entry.get("desiredReplicas", 0)))
+            if live
+            else state.replicas.get(entry["name"], entry.get("desiredReplicas", 0))
+        )
         is_building = bool(entry.get("engineBuild")) and entry.get("buildState") not in ("Ready", "Failed")
-        loads.append(PoolLoad(entry["name"], current, free.get(entry["name"], 0), tuple(by_pool.get(entry["name"], ())), is_building))
+        loads.append(
+            PoolLoad(
+                entry["name"], current, free.get(entry["name"], 0), tuple(by_pool.get(entry["name"], ())), is_building
+            )
+        )
     decisions = autoscaling.decide(scaling, loads, state.history, now)
     previous = (service_obj.get("status") or {}).get("autoscaling") or {}
-    last_scale = now.strftime("%Y-%m-%dT%H:%M:%SZ") if any(d.desired != d.current for d in decisions) else previous.get("lastScaleTime")
+    last_scale = (
+        now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if any(d.desired != d.current for d in decisions)
+        else previous.get("lastScaleTime")
+    )
     status = {"pools": [{"name": d.name, "currentReplicas": d.current, "desiredReplicas": d.desired, "metric": d.metric,
                          "value": _format(d.value), "target": _format(d.target), "reason": d.reason} for d in decisions]}  # fmt: skip
     if last_scale:

@@ -45,7 +45,10 @@ async def apply(ctx, service_obj: dict, result: routing.RoutingPlan) -> int:
     if result.pool is not None:
         live = await ctx.kube.get(routing.POOL_API_VERSION, routing.POOL_KIND, namespace, name)
         return int(await ctx.apply(result.pool, live))
-    if service_obj["spec"].get("routing", {}).get("inferencePool") == "Enabled" and result.status["reason"] != routing.REASON_DISABLED:
+    if (
+        service_obj["spec"].get("routing", {}).get("inferencePool") == "Enabled"
+        and result.status["reason"] != routing.REASON_DISABLED
+    ):
         await ctx.post_events(service_obj, [warning(result.status["reason"], result.status["message"])], "Route")
     previous = ((service_obj.get("status") or {}).get("routing") or {}).get("inferencePool")
     if previous and ctx.config.inference_pools != "disabled" and await is_pool_served(ctx):

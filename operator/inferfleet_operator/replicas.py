@@ -38,7 +38,9 @@ def _split(remaining: int, free: dict[str, int]) -> dict[str, int]:
     return shares
 
 
-def distribute(total: int, capacities: dict[str, int], overrides: dict[str, int], tiers: dict[str, int] | None = None) -> Distribution:
+def distribute(
+    total: int, capacities: dict[str, int], overrides: dict[str, int], tiers: dict[str, int] | None = None
+) -> Distribution:
     """Overridden pools get their override; the rest of `total` goes to the other pools tier by tier (lowest
     tier number first; a pool missing from `tiers` is tier 0): a tier is filled up to its capacity, split in
     proportion to capacity (largest remainder, ties by name), before the next tier gets any. No pool gets

@@ -47,13 +47,19 @@ def inference_pool_for(service: InferenceService, settings: PlanSettings) -> dic
     return {
         "apiVersion": POOL_API_VERSION,
         "kind": POOL_KIND,
-        "metadata": {"name": service.meta.name, "namespace": service.meta.namespace, "labels": m.common_labels(service.meta.name),
-                     "ownerReferences": [owner]},  # fmt: skip
+        "metadata": {
+            "name": service.meta.name,
+            "namespace": service.meta.namespace,
+            "labels": m.common_labels(service.meta.name),
+            "ownerReferences": [owner],
+        },  # fmt: skip
         "spec": spec,
     }
 
 
-def plan_routing(service: InferenceService, serving_pools: list[str], is_served: bool, is_allowed: bool, settings: PlanSettings) -> RoutingPlan:
+def plan_routing(
+    service: InferenceService, serving_pools: list[str], is_served: bool, is_allowed: bool, settings: PlanSettings
+) -> RoutingPlan:
     """serving_pools: the pools that run serving pods now. is_served: the cluster serves the GAIE CRD.
     is_allowed: the operator was started with InferencePools on (its RBAC grants them)."""
     mode = service.spec.routing.inference_pool

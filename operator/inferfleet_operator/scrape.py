@@ -33,8 +33,13 @@ def pod_url(pod: dict, port: int, template: str = DEFAULT_URL_TEMPLATE) -> str |
     if not ip and "{ip}" in template:
         return None
     meta = pod.get("metadata") or {}
-    return template.format(ip=ip, port=port, namespace=meta.get("namespace", ""), pod=meta.get("name", ""),
-                           pool=(meta.get("labels") or {}).get("inferfleet.dev/pool", ""))
+    return template.format(
+        ip=ip,
+        port=port,
+        namespace=meta.get("namespace", ""),
+        pod=meta.get("name", ""),
+        pool=(meta.get("labels") or {}).get("inferfleet.dev/pool", ""),
+    )
 
 
 async def _scrape_one(http: httpx.AsyncClient, url: str | None, timeout: float) -> PodMetrics | None:
@@ -44,13 +49,14 @@ async def _scrape_one(http: httpx.AsyncClient, url: str | None, timeout: float) 
         response = await asyncio.wait_for(http.get(url), timeout)
         response.raise_for_status()
         metrics = parse_metrics(response.text)
-    except (httpx.HTTPError, ValueError, asyncio.TimeoutError) as error:
+    except (TimeoutError, httpx.HTTPError, ValueError) as error:
         logger.debug("Failed to scrape %s: %s", url, error)
         return None
     return None if metrics.waiting is None and metrics.kv_usage is None else metrics
 
 
-async def scrape_pods(http: httpx.AsyncClient, pods: list[dict], port: int, template: str = DEFAULT_URL_TEMPLATE,
-                      timeout: float = 2.0) -> list[PodMetrics | None]:
+async def scrape_pods(
+    http: httpx.AsyncClient, pods: list[dict], port: int, template: str = DEFAULT_URL_TEMPLATE, timeout: float = 2.0
+) -> list[PodMetrics | None]:
     """One entry per pod, in order, scraped concurrently; `timeout` seconds bound each pod's whole request."""
     return list(await asyncio.gather(*(_scrape_one(http, pod_url(pod, port, template), timeout) for pod in pods)))

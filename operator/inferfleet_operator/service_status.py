@@ -65,7 +65,12 @@ def _degraded(entries: list[dict], num_unplaced: int) -> tuple[str, str, str]:
 
 
 def build_status(
-    service: InferenceService, entries: list[dict], excluded: list[Excluded], num_unplaced: int, endpoint: str, now: datetime
+    service: InferenceService,
+    entries: list[dict],
+    excluded: list[Excluded],
+    num_unplaced: int,
+    endpoint: str,
+    now: datetime,
 ) -> dict:
     previous = c.by_type(service.status.get("conditions"))
     generation = service.meta.generation
@@ -88,7 +93,10 @@ def build_status(
         "readyReplicas": sum(e["readyReplicas"] for e in entries),
         "unplacedReplicas": num_unplaced,
         "pools": entries,
-        "excludedPools": [{"name": x.pool.name, "vendor": x.pool.vendor, "product": x.pool.product, "reason": x.reason} for x in excluded],
+        "excludedPools": [
+            {"name": x.pool.name, "vendor": x.pool.vendor, "product": x.pool.product, "reason": x.reason}
+            for x in excluded
+        ],
     }
 
 
@@ -116,9 +124,13 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
         make = c.warning if reason in FAILED else c.normal
         events.append(make(reason, f"{'Pool' if len(texts) == 1 else 'Pools'} {reason}: {'; '.join(texts)}"))
     old_excluded = {x.get("name"): x.get("reason") for x in previous.get("excludedPools") or []}
-    excluded = [f"{x['name']} ({x['reason']})" for x in status["excludedPools"] if old_excluded.get(x["name"]) != x["reason"]]
+    excluded = [
+        f"{x['name']} ({x['reason']})" for x in status["excludedPools"] if old_excluded.get(x["name"]) != x["reason"]
+    ]
     if excluded:
-        events.append(c.normal("PoolExcluded", f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}"))
+        events.append(
+            c.normal("PoolExcluded", f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}")
+        )
     old_conditions = c.by_type(previous.get("conditions"))
     good = []
     for cond in status["conditions"]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 
 from .api import PlanSettings
 
@@ -35,9 +34,11 @@ class OperatorConfig:
         return not self.namespaces
 
     def plan_settings(self) -> PlanSettings:
-        return PlanSettings(engine_cache_claim=self.engine_cache_claim,
-                            build_retention_seconds=self.build_retention_seconds,
-                            max_backoff_seconds=self.max_backoff_seconds)
+        return PlanSettings(
+            engine_cache_claim=self.engine_cache_claim,
+            build_retention_seconds=self.build_retention_seconds,
+            max_backoff_seconds=self.max_backoff_seconds,
+        )
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -54,52 +55,95 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inferfleet-operator",
         description="Runs the inferfleet operator: InferenceServices become engine builds and "
-                    "per-pool serving Deployments.")
+        "per-pool serving Deployments.",
+    )
     scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NAME",
-                       help="watch this namespace (repeatable; globs allowed)")
-    scope.add_argument("--all-namespaces", "-A", action="store_true",
-                       help="watch every namespace (the default)")
-    parser.add_argument("--health-port", type=int, default=8080,
-                        help="port of the liveness endpoint GET /healthz (0: off)")
-    parser.add_argument("--metrics-port", type=int, default=9090,
-                        help="port of the Prometheus endpoint GET /metrics (0: off)")
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="watch this namespace (repeatable; globs allowed)",
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)")
+    parser.add_argument(
+        "--health-port", type=int, default=8080, help="port of the liveness endpoint GET /healthz (0: off)"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=9090, help="port of the Prometheus endpoint GET /metrics (0: off)"
+    )
     peering = parser.add_mutually_exclusive_group()
-    peering.add_argument("--peering", metavar="NAME",
-                         help="elect one active replica through kopf peering objects named NAME")
-    peering.add_argument("--standalone", action="store_true",
-                         help="no peering: this process is the only operator (the default)")
-    parser.add_argument("--peering-priority", type=int, default=None, metavar="N",
-                        help="with --peering: the replica with the highest priority is active "
-                             "(default: random, so that replicas never tie)")
-    parser.add_argument("--engine-cache-claim", default="inferfleet-engine-cache", metavar="NAME",
-                        help="PersistentVolumeClaim that holds compiled engines")
-    parser.add_argument("--resync-seconds", type=float, default=300.0,
-                        help="reconcile every object at least this often")
-    parser.add_argument("--debounce-seconds", type=float, default=0.2,
-                        help="coalesce triggers for one object within this window")
-    parser.add_argument("--error-delays", type=_delays, default=(1, 2, 5, 10, 30, 60),
-                        metavar="S,S,...", help="seconds between retries of a failing reconcile")
-    parser.add_argument("--build-retention-seconds", type=int, default=3600,
-                        help="delete an EngineBuild this long after no service references it")
-    parser.add_argument("--max-backoff-seconds", type=int, default=600,
-                        help="cap on the delay between engine build attempts")
-    parser.add_argument("--concurrency", type=int, default=8,
-                        help="reconciles running at once")
-    parser.add_argument("--instance", default=None,
-                        help="name of this replica in Events (default: $POD_NAME or the host name)")
-    parser.add_argument("--inference-pools", choices=["auto", "disabled"], default="auto",
-                        help="auto: apply InferencePools (Gateway API Inference Extension) where the CRD is "
-                             "served; disabled: never (the chart's RBAC then grants no inferencepools)")
-    parser.add_argument("--autoscale-seconds", type=float, default=15.0,
-                        help="how often autoscaled services read their pods' /metrics")
-    parser.add_argument("--scrape-timeout-seconds", type=float, default=2.0,
-                        help="timeout of one pod's /metrics request (a pod that does not answer counts as missing)")
-    parser.add_argument("--scrape-url-template", default="http://{ip}:{port}/metrics", metavar="URL",
-                        help="where a serving pod's /metrics is, from {ip} {port} {namespace} {pod} {pool} "
-                             "(tests point it at a stand-in on loopback)")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    peering.add_argument(
+        "--peering", metavar="NAME", help="elect one active replica through kopf peering objects named NAME"
+    )
+    peering.add_argument(
+        "--standalone", action="store_true", help="no peering: this process is the only operator (the default)"
+    )
+    parser.add_argument(
+        "--peering-priority",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --peering: the replica with the highest priority is active "
+        "(default: random, so that replicas never tie)",
+    )
+    parser.add_argument(
+        "--engine-cache-claim",
+        default="inferfleet-engine-cache",
+        metavar="NAME",
+        help="PersistentVolumeClaim that holds compiled engines",
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float, default=300.0, help="reconcile every object at least this often"
+    )
+    parser.add_argument(
+        "--debounce-seconds", type=float, default=0.2, help="coalesce triggers for one object within this window"
+    )
+    parser.add_argument(
+        "--error-delays",
+        type=_delays,
+        default=(1, 2, 5, 10, 30, 60),
+        metavar="S,S,...",
+        help="seconds between retries of a failing reconcile",
+    )
+    parser.add_argument(
+        "--build-retention-seconds",
+        type=int,
+        default=3600,
+        help="delete an EngineBuild this long after no service references it",
+    )
+    parser.add_argument(
+        "--max-backoff-seconds", type=int, default=600, help="cap on the delay between engine build attempts"
+    )
+    parser.add_argument("--concurrency", type=int, default=8, help="reconciles running at once")
+    parser.add_argument(
+        "--instance", default=None, help="name of this replica in Events (default: $POD_NAME or the host name)"
+    )
+    parser.add_argument(
+        "--inference-pools",
+        choices=["auto", "disabled"],
+        default="auto",
+        help="auto: apply InferencePools (Gateway API Inference Extension) where the CRD is "
+        "served; disabled: never (the chart's RBAC then grants no inferencepools)",
+    )
+    parser.add_argument(
+        "--autoscale-seconds", type=float, default=15.0, help="how often autoscaled services read their pods' /metrics"
+    )
+    parser.add_argument(
+        "--scrape-timeout-seconds",
+        type=float,
+        default=2.0,
+        help="timeout of one pod's /metrics request (a pod that does not answer counts as missing)",
+    )
+    parser.add_argument(
+        "--scrape-url-template",
+        default="http://{ip}:{port}/metrics",
+        metavar="URL",
+        help="where a serving pod's /metrics is, from {ip} {port} {namespace} {pod} {pool} "
+        "(tests point it at a stand-in on loopback)",
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
 
@@ -112,7 +156,9 @@ def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConf
     try:
         args.scrape_url_template.format(ip="10.0.0.1", port=8000, namespace="ns", pod="pod", pool="pool")
     except (KeyError, IndexError, ValueError) as error:
-        build_parser().error(f"--scrape-url-template may only use {{ip}} {{port}} {{namespace}} {{pod}} {{pool}}: {error}")
+        build_parser().error(
+            f"--scrape-url-template may only use {{ip}} {{port}} {{namespace}} {{pod}} {{pool}}: {error}"
+        )
     return OperatorConfig(
         namespaces=tuple(args.namespace),
         health_port=args.health_port,

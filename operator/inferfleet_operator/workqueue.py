@@ -20,11 +20,16 @@ class WorkQueue:
     after the next of `error_delays`, which reset on success.
     """
 
-    def __init__(self, work: Callable[[Hashable], Awaitable[float | None]], *,
-                 concurrency: int = 8, debounce: float = 0.2,
-                 error_delays: Sequence[float] = (1, 2, 5, 10, 30, 60),
-                 on_error: Callable[[Hashable, BaseException], None] | None = None,
-                 logger: logging.Logger | None = None):
+    def __init__(
+        self,
+        work: Callable[[Hashable], Awaitable[float | None]],
+        *,
+        concurrency: int = 8,
+        debounce: float = 0.2,
+        error_delays: Sequence[float] = (1, 2, 5, 10, 30, 60),
+        on_error: Callable[[Hashable, BaseException], None] | None = None,
+        logger: logging.Logger | None = None,
+    ):
         self._work = work
         self._debounce = debounce
         self._error_delays = tuple(error_delays) or (1.0,)
@@ -122,7 +127,7 @@ class WorkQueue:
             timeout = self._heap[0][0] - now if self._heap else None
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _run(self, key: Hashable) -> None:

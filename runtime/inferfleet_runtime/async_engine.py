@@ -51,7 +51,7 @@ class AsyncEngine:
         self.engine = engine
         self.max_queue_len = max_queue_len
         self.metrics = metrics
-        self.stats: EngineStats = engine.stats()      # snapshot, replaced after every step
+        self.stats: EngineStats = engine.stats()  # snapshot, replaced after every step
         self.error: BaseException | None = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
@@ -138,7 +138,8 @@ class AsyncEngine:
         device = getattr(self.engine.runner, "device", None)
         if getattr(device, "type", None) == "cpu":
             import torch
-            torch.set_num_threads(cpu_engine_threads())    # per thread: this is the thread that runs the model
+
+            torch.set_num_threads(cpu_engine_threads())  # per thread: this is the thread that runs the model
         try:
             while not self._stopping:
                 self._apply_commands()
@@ -166,7 +167,7 @@ class AsyncEngine:
                 _, request_id, prompt_ids, params, arrival = command
                 with self._lock:
                     self._num_pending_adds -= 1
-                if request_id not in self._streams:     # the client left before the engine saw it
+                if request_id not in self._streams:  # the client left before the engine saw it
                     continue
                 try:
                     self.engine.add_request(request_id, prompt_ids, params, arrival)
@@ -192,7 +193,7 @@ class AsyncEngine:
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:     # the event loop has closed
+            except RuntimeError:  # the event loop has closed
                 pass
 
     def _deliver(self, request_id: str, item) -> None:
@@ -202,7 +203,7 @@ class AsyncEngine:
         loop, outputs = stream
         try:
             loop.call_soon_threadsafe(outputs.put_nowait, item)
-        except RuntimeError:     # the event loop has closed
+        except RuntimeError:  # the event loop has closed
             pass
 
 

@@ -18,9 +18,9 @@ class AttentionMetadata:
     last q_len_i tokens of its context. A batch is decode-only when max_query_len == 1.
     """
 
-    slot_mapping: torch.Tensor     # [num_tokens] int64: block_id * block_size + offset of each new token
-    block_tables: torch.Tensor     # [num_seqs, max_blocks_per_seq] int32, rows padded with 0
-    seq_lens: torch.Tensor         # [num_seqs] int32: context length including this step's new tokens
+    slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset of each new token
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, rows padded with 0
+    seq_lens: torch.Tensor  # [num_seqs] int32: context length including this step's new tokens
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: offsets of each sequence's new tokens
     max_query_len: int
     max_seq_len: int

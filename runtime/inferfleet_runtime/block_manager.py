@@ -23,8 +23,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._ref_counts = [0] * num_blocks
-        self._block_hashes: list[int | None] = [None] * num_blocks   # hash a block is cached under
-        self._cached: dict[int, int] = {}                            # block hash -> block id
+        self._block_hashes: list[int | None] = [None] * num_blocks  # hash a block is cached under
+        self._cached: dict[int, int] = {}  # block hash -> block id
         # Free list in LRU order: freed blocks go to the tail, new blocks come from the head. An OrderedDict
         # rather than a deque so a prefix hit can take a cached block out of the middle in O(1).
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -63,7 +63,7 @@ class BlockManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash((parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]))))
+            hashes.append(hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))))
         return hashes
 
     def _prefix_hit(self, seq: Sequence) -> list[int]:
@@ -165,7 +165,7 @@ class BlockManager:
     def _take_free_block(self) -> int:
         block_id, _ = self._free.popitem(last=False)
         block_hash = self._block_hashes[block_id]
-        if block_hash is not None:    # evict the cached prefix this block held
+        if block_hash is not None:  # evict the cached prefix this block held
             del self._cached[block_hash]
             self._block_hashes[block_id] = None
         self._ref_counts[block_id] = 1

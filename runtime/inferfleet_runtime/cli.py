@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"inferfleet-runtime: error: unknown subcommand {name!r} (choose from {', '.join(SUBCOMMANDS)})",
-              file=sys.stderr)
+        print(
+            f"inferfleet-runtime: error: unknown subcommand {name!r} (choose from {', '.join(SUBCOMMANDS)})",
+            file=sys.stderr,
+        )
         return 2
     module_name, help_ = SUBCOMMANDS[name]
     try:

@@ -51,11 +51,14 @@ class ModelConfig:
         return cls.from_hf(hf, name=model_dir.name, dtype=dtype, generation=generation)
 
     @classmethod
-    def from_hf(cls, hf: dict, name: str = "model", dtype: str | torch.dtype | None = None,
-                generation: dict | None = None) -> ModelConfig:
+    def from_hf(
+        cls, hf: dict, name: str = "model", dtype: str | torch.dtype | None = None, generation: dict | None = None
+    ) -> ModelConfig:
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+            raise ConfigError(
+                f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
         if hf.get("sliding_window") and hf["sliding_window"] < hf.get("max_position_embeddings", 0):
             raise ConfigError(f"sliding-window attention (sliding_window={hf['sliding_window']}) is not supported")
         num_heads = hf["num_attention_heads"]

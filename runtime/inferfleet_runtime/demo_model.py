@@ -94,16 +94,17 @@ def training_examples(tokenizer, recipe: Recipe) -> list[tuple[list[int], int]]:
     examples = []
     for i in range(len(lines)):  # a passage from every line on, so any line's opening words continue it
         ids = tokenizer.encode("\n".join(lines[i:]) + "\n" + demo_text.EOS).ids
-        examples.append((ids[:recipe.seq_len], 1))
+        examples.append((ids[: recipe.seq_len], 1))
     for line in lines[1:]:  # chats: "Complete: <opening words>" answered with the whole line
         words = line.split()
         for num_words in range(1, min(len(words), 5)):
             for prompt in demo_text.CHAT_PROMPTS:
                 messages = [{"role": "user", "content": prompt.format(" ".join(words[:num_words]))}]
-                prefix = tokenizer.encode(demo_text.render_chat(messages, add_generation_prompt=True),
-                                          add_special_tokens=False).ids
+                prefix = tokenizer.encode(
+                    demo_text.render_chat(messages, add_generation_prompt=True), add_special_tokens=False
+                ).ids
                 answer = tokenizer.encode(line + demo_text.END + "\n", add_special_tokens=False).ids
-                examples.append(((prefix + answer)[:recipe.seq_len], len(prefix)))
+                examples.append(((prefix + answer)[: recipe.seq_len], len(prefix)))
     return examples
 
 
@@ -125,7 +126,7 @@ def dense_forward(model: LlamaModel, input_ids: torch.Tensor) -> torch.Tensor:
     for layer in model.layers:
         attn = layer.self_attn
         q, k, v = attn.qkv_proj(norm(h, layer.input_layernorm)).split([attn.q_size, attn.kv_size, attn.kv_size], -1)
-        q = rope(q.view(batch, seq, c.num_heads, c.head_dim)).transpose(1, 2)     # [B, Hq, S, D]
+        q = rope(q.view(batch, seq, c.num_heads, c.head_dim)).transpose(1, 2)  # [B, Hq, S, D]
         k = rope(k.view(batch, seq, c.num_kv_heads, c.head_dim)).transpose(1, 2)  # [B, Hkv, S, D]
         v = v.view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -146,7 +147,7 @@ def train_demo_model(out_dir: Path, recipe: Recipe = Recipe()) -> None:
     try:
         torch.manual_seed(recipe.seed)
         model = LlamaModel(config, get_ops("reference"))
-        for name, param in model.named_parameters():
+        for param in model.parameters():
             if param.dim() == 2:
                 torch.nn.init.normal_(param, 0.0, 0.02)
         model.init_rope()
@@ -164,7 +165,8 @@ def _train(model: LlamaModel, examples: list[tuple[list[int], int]], recipe: Rec
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, recipe.steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup) * max(0.05, 1 - step / recipe.steps))
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) * max(0.05, 1 - step / recipe.steps)
+    )
     model.train()
     for step in range(recipe.steps):
         batch = rng.sample(examples, min(recipe.batch_size, len(examples)))
@@ -172,8 +174,8 @@ def _train(model: LlamaModel, examples: list[tuple[list[int], int]], recipe: Rec
         input_ids = torch.full((len(batch), width), pad_id)
         labels = torch.full((len(batch), width), -100)
         for row, (ids, loss_from) in enumerate(batch):
-            input_ids[row, :len(ids)] = torch.tensor(ids)
-            labels[row, loss_from:len(ids)] = torch.tensor(ids[loss_from:])
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, loss_from : len(ids)] = torch.tensor(ids[loss_from:])
         logits = dense_forward(model, input_ids[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
@@ -189,12 +191,22 @@ def _train(model: LlamaModel, examples: list[tuple[list[int], int]], recipe: Rec
 def model_config(recipe: Recipe, tokenizer) -> ModelConfig:
     eos_ids = [tokenizer.token_to_id(demo_text.END), tokenizer.token_to_id(demo_text.EOS)]
     return ModelConfig(
-        name=SERVED_NAME, vocab_size=tokenizer.get_vocab_size(), hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size, num_layers=recipe.num_layers, num_heads=recipe.num_heads,
-        num_kv_heads=recipe.num_kv_heads, head_dim=recipe.hidden_size // recipe.num_heads,
-        max_position_embeddings=recipe.max_position_embeddings, rms_norm_eps=1e-5, rope_theta=10000.0,
-        dtype=torch.float32, eos_token_ids=eos_ids, bos_token_id=tokenizer.token_to_id(demo_text.BOS),
-        tie_word_embeddings=True)
+        name=SERVED_NAME,
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_layers=recipe.num_layers,
+        num_heads=recipe.num_heads,
+        num_kv_heads=recipe.num_kv_heads,
+        head_dim=recipe.hidden_size // recipe.num_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        dtype=torch.float32,
+        eos_token_ids=eos_ids,
+        bos_token_id=tokenizer.token_to_id(demo_text.BOS),
+        tie_word_embeddings=True,
+    )
 
 
 def save_hf_checkpoint(model: LlamaModel, tokenizer, out_dir: Path) -> None:
@@ -207,24 +219,45 @@ def save_hf_checkpoint(model: LlamaModel, tokenizer, out_dir: Path) -> None:
         p = f"model.layers.{i}"
         qw, kw, vw = layer.self_attn.qkv_proj.weight.split([q, kv, kv])
         gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
-        tensors.update({
-            f"{p}.self_attn.q_proj.weight": qw, f"{p}.self_attn.k_proj.weight": kw,
-            f"{p}.self_attn.v_proj.weight": vw, f"{p}.self_attn.o_proj.weight": layer.self_attn.o_proj.weight,
-            f"{p}.mlp.gate_proj.weight": gate, f"{p}.mlp.up_proj.weight": up,
-            f"{p}.mlp.down_proj.weight": layer.mlp.down_proj.weight,
-            f"{p}.input_layernorm.weight": layer.input_layernorm.weight,
-            f"{p}.post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
-        })
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+        tensors.update(
+            {
+                f"{p}.self_attn.q_proj.weight": qw,
+                f"{p}.self_attn.k_proj.weight": kw,
+                f"{p}.self_attn.v_proj.weight": vw,
+                f"{p}.self_attn.o_proj.weight": layer.self_attn.o_proj.weight,
+                f"{p}.mlp.gate_proj.weight": gate,
+                f"{p}.mlp.up_proj.weight": up,
+                f"{p}.mlp.down_proj.weight": layer.mlp.down_proj.weight,
+                f"{p}.input_layernorm.weight": layer.input_layernorm.weight,
+                f"{p}.post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+            }
+        )
+    save_file(
+        {k: v.detach().contiguous() for k, v in tensors.items()},
+        str(out_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     pad_id = tokenizer.token_to_id(demo_text.EOS)
     hf_config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-        "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta, "hidden_act": "silu", "tie_word_embeddings": True, "attention_bias": False,
-        "mlp_bias": False, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_ids, "pad_token_id": pad_id,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_ids,
+        "pad_token_id": pad_id,
         "torch_dtype": "float32",
     }
     generation = {"bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_ids, "pad_token_id": pad_id}
@@ -232,7 +265,8 @@ def save_hf_checkpoint(model: LlamaModel, tokenizer, out_dir: Path) -> None:
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(
-        json.dumps(demo_text.tokenizer_config(c.max_position_embeddings), indent=2) + "\n")
+        json.dumps(demo_text.tokenizer_config(c.max_position_embeddings), indent=2) + "\n"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,12 +42,17 @@ def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator([text], trainer=trainer)
     bos_id = tokenizer.token_to_id(BOS)
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
     return tokenizer
 
 
@@ -55,7 +60,13 @@ def tokenizer_config(model_max_length: int) -> dict:
     """tokenizer_config.json for transformers' AutoTokenizer and for our Tokenizer."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS, "eos_token": END, "pad_token": EOS, "unk_token": None,
-        "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": model_max_length, "chat_template": CHAT_TEMPLATE,
+        "bos_token": BOS,
+        "eos_token": END,
+        "pad_token": EOS,
+        "unk_token": None,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": model_max_length,
+        "chat_template": CHAT_TEMPLATE,
     }

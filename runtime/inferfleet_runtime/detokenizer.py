@@ -28,7 +28,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
-        self.prefix_offset = 0               # ids[prefix_offset:read_offset] is text already emitted
+        self.prefix_offset = 0  # ids[prefix_offset:read_offset] is text already emitted
         self.read_offset = len(self.ids)
         self._prefix_text: str | None = None  # decode(ids[prefix_offset:read_offset]) once known
         self._by_bytes = False
@@ -62,14 +62,14 @@ class IncrementalDetokenizer:
 
     def _emit(self, final: bool) -> str:
         prefix_text = self._prefix_text
-        if prefix_text is None:             # the prefix window moved and its text is not known: decode it
+        if prefix_text is None:  # the prefix window moved and its text is not known: decode it
             prefix_text = self._prefix_text = self._decode(self.prefix_offset, self.read_offset)
         new_text = self._decode(self.prefix_offset)
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
-        delta = new_text[len(prefix_text):]
+        delta = new_text[len(prefix_text) :]
         # Text the bytes table spelt without U+FFFD came from valid UTF-8: the old prefix window ended on a
         # character boundary, so the delta is exactly the text of the new prefix window.
         exact = self._by_bytes and "\ufffd" not in prefix_text and "\ufffd" not in delta
@@ -84,23 +84,23 @@ class _ByteTable:
     def __init__(self, backend):
         byte_of = {c: b for b, c in _bytes_to_unicode().items()}
         size = backend.get_vocab_size(with_added_tokens=True)
-        added = backend.get_added_tokens_decoder()        # id -> AddedToken
+        added = backend.get_added_tokens_decoder()  # id -> AddedToken
         table: list[bytes | None] = [None] * size
         for i in range(size):
             if i in added:
-                continue                                  # added tokens: the tokenizer decodes them
+                continue  # added tokens: the tokenizer decodes them
             token = backend.id_to_token(i)
             if token is None:
                 continue
             try:
                 table[i] = bytes(byte_of[c] for c in token)
             except KeyError:
-                continue                                  # not a pure byte-level token: leave to the tokenizer
+                continue  # not a pure byte-level token: leave to the tokenizer
         self._plain = table
         skipping = list(table)
         for i, token in added.items():
             if token.special and i < size:
-                skipping[i] = b""                         # skip_special_tokens drops it from the text
+                skipping[i] = b""  # skip_special_tokens drops it from the text
         self._skipping = skipping
 
     def bytes_for(self, skip_special_tokens: bool) -> list[bytes | None]:
@@ -114,7 +114,7 @@ def _byte_table(tokenizer) -> _ByteTable | None:
     """The bytes table for tokenizer (our Tokenizer wrapper) when its decoder is the plain byte-level one."""
     try:
         table = _tables.get(tokenizer, False)
-    except TypeError:                                     # not weak-referenceable: no fast path
+    except TypeError:  # not weak-referenceable: no fast path
         return None
     if table is not False:
         return table
@@ -123,6 +123,7 @@ def _byte_table(tokenizer) -> _ByteTable | None:
     try:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers.decoders import ByteLevel
+
         if isinstance(backend, HFTokenizer) and isinstance(backend.decoder, ByteLevel):
             table = _ByteTable(backend)
     except ImportError:

@@ -30,7 +30,7 @@ def is_available(device: torch.device) -> bool:
 
 
 def vendor(device: torch.device) -> str:
-    """"nvidia", "amd", "intel" or "cpu": the GPU vendor behind a device (ROCm builds set torch.version.hip)."""
+    """ "nvidia", "amd", "intel" or "cpu": the GPU vendor behind a device (ROCm builds set torch.version.hip)."""
     if device.type == "cuda":
         return "amd" if getattr(torch.version, "hip", None) else "nvidia"
     if device.type == "xpu":

@@ -39,10 +39,10 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     request_id: str
-    outputs: list[CompletionOutput]       # choices with news this step
+    outputs: list[CompletionOutput]  # choices with news this step
     num_prompt_tokens: int
     num_cached_tokens: int
-    finished: bool                        # every choice has finished
+    finished: bool  # every choice has finished
 
 
 @dataclass
@@ -61,7 +61,7 @@ class _Request:
     params: SamplingParams
     seqs: list[Sequence]
     max_tokens: int
-    num_pending_children: int             # n - 1 choices forked once the prompt is computed
+    num_pending_children: int  # n - 1 choices forked once the prompt is computed
 
 
 class LLMEngine:
@@ -72,17 +72,22 @@ class LLMEngine:
         self.block_manager = BlockManager(runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         # A sequence must fit the whole pool on its own, or it could never finish.
-        self.max_model_len = min(config.max_model_len or runner.max_position_embeddings,
-                                 runner.max_position_embeddings, runner.num_kv_blocks * config.block_size)
+        self.max_model_len = min(
+            config.max_model_len or runner.max_position_embeddings,
+            runner.max_position_embeddings,
+            runner.num_kv_blocks * config.block_size,
+        )
         self.eos_token_ids = set(runner.eos_token_ids)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.num_aborted_requests = 0
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path, config: EngineConfig | None = None,
-                       model_name: str | None = None) -> LLMEngine:
+    def from_model_dir(
+        cls, model_dir: str | Path, config: EngineConfig | None = None, model_name: str | None = None
+    ) -> LLMEngine:
         from inferfleet_runtime.model_runner import ModelRunner
+
         config = config or EngineConfig()
         return cls(ModelRunner.from_model_dir(model_dir, config, model_name), config)
 
@@ -98,17 +103,20 @@ class LLMEngine:
             if num_prompt_tokens >= self.max_model_len:
                 raise ContextLengthError(
                     f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
-                    f"has {num_prompt_tokens} tokens, leaving no room for the completion.")
+                    f"has {num_prompt_tokens} tokens, leaving no room for the completion."
+                )
             return self.max_model_len - num_prompt_tokens
         if num_prompt_tokens + max_tokens > self.max_model_len:
             raise ContextLengthError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in "
-                f"the completion). Please reduce the prompt or max_tokens.")
+                f"the completion). Please reduce the prompt or max_tokens."
+            )
         return max_tokens
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} already exists")
         prompt_ids = self.encode(prompt)
@@ -136,8 +144,14 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
-        return EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, bm.usage,
-                           self.scheduler.num_preemptions, bm.num_free_blocks, bm.num_blocks)
+        return EngineStats(
+            self.scheduler.num_waiting,
+            self.scheduler.num_running,
+            bm.usage,
+            self.scheduler.num_preemptions,
+            bm.num_free_blocks,
+            bm.num_blocks,
+        )
 
     # -- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -145,8 +159,9 @@ class LLMEngine:
         sampled = self.runner.execute(batch)
         return self._postprocess(batch, sampled)
 
-    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]
-                 ) -> list[RequestOutput]:
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[RequestOutput]:
         """Runs prompts to completion (offline use, benchmarks): one RequestOutput with whole choices each."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         base = next(self._seq_ids)
@@ -162,8 +177,9 @@ class LLMEngine:
                     choices[out.request_id].setdefault(delta.index, CompletionOutput(delta.index)).extend(delta)
                 if out.finished:
                     whole = [choices[out.request_id][i] for i in sorted(choices[out.request_id])]
-                    results[out.request_id] = RequestOutput(out.request_id, whole, out.num_prompt_tokens,
-                                                            out.num_cached_tokens, True)
+                    results[out.request_id] = RequestOutput(
+                        out.request_id, whole, out.num_prompt_tokens, out.num_cached_tokens, True
+                    )
         return [results[request_id] for request_id in ids]
 
     # -- postprocess --------------------------------------------------------------------------------
@@ -192,29 +208,40 @@ class LLMEngine:
         outputs = []
         delta = self._delta
         for request_id, (request, seqs) in changed.items():
-            if len(request.seqs) == 1:    # n == 1 (children are forked before this loop)
+            if len(request.seqs) == 1:  # n == 1 (children are forked before this loop)
                 finished = seqs[0].is_finished and not request.num_pending_children
             else:
                 finished = all(s.is_finished for s in request.seqs) and not request.num_pending_children
             if finished:
                 del requests[request_id]
             parent = request.seqs[0]
-            outputs.append(RequestOutput(request_id, [delta(s) for s in seqs], len(parent.prompt_token_ids),
-                                         parent.num_cached_tokens, finished))
+            outputs.append(
+                RequestOutput(
+                    request_id,
+                    [delta(s) for s in seqs],
+                    len(parent.prompt_token_ids),
+                    parent.num_cached_tokens,
+                    finished,
+                )
+            )
         return outputs
 
-    def _new_seq(self, request_id: str, prompt_ids: list[int], params: SamplingParams, index: int,
-                 arrival_time: float) -> Sequence:
-        seq = Sequence(next(self._seq_ids), request_id, list(prompt_ids), index=index, params=params,
-                       arrival_time=arrival_time)
+    def _new_seq(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, index: int, arrival_time: float
+    ) -> Sequence:
+        seq = Sequence(
+            next(self._seq_ids), request_id, list(prompt_ids), index=index, params=params, arrival_time=arrival_time
+        )
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
         return seq
 
     def _fork_children(self, request: _Request) -> None:
         # The parent's prompt is computed: the other choices share its full blocks instead of recomputing.
         parent = request.seqs[0]
-        children = [self._new_seq(request.request_id, parent.prompt_token_ids, request.params, i,
-                                  parent.arrival_time) for i in range(1, request.params.n)]
+        children = [
+            self._new_seq(request.request_id, parent.prompt_token_ids, request.params, i, parent.arrival_time)
+            for i in range(1, request.params.n)
+        ]
         for child in children:
             self.scheduler.add_forked(parent, child)
         request.seqs.extend(children)
@@ -224,7 +251,7 @@ class LLMEngine:
         params = request.params
         reason = None
         if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
-            reason = FinishReason.STOP    # the stop token's text is not part of the output
+            reason = FinishReason.STOP  # the stop token's text is not part of the output
         else:
             delta = seq.detokenizer.add(token_id)
             if delta:
@@ -232,13 +259,15 @@ class LLMEngine:
                 if params.stop and _truncate_at_stop(seq, len(delta), params.stop):
                     reason = FinishReason.STOP
         num_tokens = len(seq.token_ids)
-        if reason is None and (num_tokens - len(seq.prompt_token_ids) >= request.max_tokens
-                               or num_tokens >= self.max_model_len):
+        if reason is None and (
+            num_tokens - len(seq.prompt_token_ids) >= request.max_tokens or num_tokens >= self.max_model_len
+        ):
             reason = FinishReason.LENGTH
             seq.output_text += seq.detokenizer.flush()
         if reason is None:
             seq.num_stable_chars = len(seq.output_text) - (
-                _partial_stop_len(seq.output_text, params.stop) if params.stop else 0)
+                _partial_stop_len(seq.output_text, params.stop) if params.stop else 0
+            )
             return
         seq.num_stable_chars = len(seq.output_text)
         self.scheduler.finish(seq, reason)
@@ -252,7 +281,7 @@ class LLMEngine:
         token_ids = seq.token_ids
         num_output = len(token_ids) - len(seq.prompt_token_ids)
         num_sent_tokens = seq.num_sent_tokens
-        tokens = token_ids[len(token_ids) - num_output + num_sent_tokens:]
+        tokens = token_ids[len(token_ids) - num_output + num_sent_tokens :]
         logprobs = seq.logprobs[num_sent_tokens:] if seq.logprobs else []
         seq.num_sent_tokens = num_output
         reason = seq.finish_reason

@@ -10,17 +10,17 @@ KERNEL_BACKENDS = ("auto", "triton", "reference")
 @dataclass
 class EngineConfig:
     block_size: int = 16
-    num_kv_blocks: int | None = None           # None: derived from kv_cache_memory
-    kv_cache_memory: int | None = None         # bytes for all layers' K and V; None: a default budget
-    max_num_seqs: int = 64                     # running sequences at once
-    max_num_batched_tokens: int = 2048         # new tokens per step (prefill chunks + decodes)
-    max_model_len: int | None = None           # None: the model's max_position_embeddings
-    max_queue_len: int = 1024                  # waiting requests beyond this are refused (HTTP 429)
+    num_kv_blocks: int | None = None  # None: derived from kv_cache_memory
+    kv_cache_memory: int | None = None  # bytes for all layers' K and V; None: a default budget
+    max_num_seqs: int = 64  # running sequences at once
+    max_num_batched_tokens: int = 2048  # new tokens per step (prefill chunks + decodes)
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_queue_len: int = 1024  # waiting requests beyond this are refused (HTTP 429)
     enable_prefix_caching: bool = True
     kernels: str = "auto"
     dtype: str | None = None
     device: str | None = None
-    seed: int = 0                              # seeds sampling of requests that give no seed
+    seed: int = 0  # seeds sampling of requests that give no seed
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

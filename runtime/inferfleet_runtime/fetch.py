@@ -27,8 +27,8 @@ class BadURIError(ValueError):
 
 @dataclass(frozen=True)
 class Source:
-    scheme: str                  # "file" | "hf" | "s3"
-    path: str                    # file: local directory; hf: "org/name"; s3: "bucket/prefix" (no trailing /)
+    scheme: str  # "file" | "hf" | "s3"
+    path: str  # file: local directory; hf: "org/name"; s3: "bucket/prefix" (no trailing /)
     revision: str | None = None  # hf only; None means the repository's default branch
 
 
@@ -38,7 +38,9 @@ def parse_uri(uri: str, revision: str | None = None) -> Source:
     if revision is None:
         return source
     if source.scheme != "hf":
-        raise BadURIError(f"--revision {revision!r} applies to hf:// only, not {uri!r}: leave spec.model.revision unset")
+        raise BadURIError(
+            f"--revision {revision!r} applies to hf:// only, not {uri!r}: leave spec.model.revision unset"
+        )
     if source.revision not in (None, revision):
         raise BadURIError(f"{uri!r} names revision {source.revision!r} but --revision is {revision!r}")
     return Source("hf", source.path, revision)
@@ -74,6 +76,7 @@ def fetch(uri: str, to: Path, show_progress: bool = True, revision: str | None =
         _fetch_local(Path(source.path), to, show_progress)
     elif source.scheme == "s3":
         from .fetch_s3 import fetch_s3
+
         fetch_s3(source.path, to, show_progress)
     else:
         _fetch_hub(source, to, show_progress)
@@ -85,8 +88,14 @@ def _fetch_local(src: Path, to: Path, show_progress: bool) -> None:
         raise FetchError(f"{src} is not a directory")
     files = sorted(p for p in src.rglob("*") if p.is_file())
     sizes = {p.relative_to(src): p.stat().st_size for p in files}
-    with tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, desc=f"Copying {src.name}",
-              disable=not show_progress, file=sys.stderr) as bar:
+    with tqdm(
+        total=sum(sizes.values()),
+        unit="B",
+        unit_scale=True,
+        desc=f"Copying {src.name}",
+        disable=not show_progress,
+        file=sys.stderr,
+    ) as bar:
         for rel, size in sizes.items():
             dest = to / rel
             if dest.is_file() and dest.stat().st_size == size:  # finished by an earlier run
@@ -121,10 +130,13 @@ def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
         # The library trusts its own bookkeeping for files it finished earlier; re-download any whose size
         # no longer matches (truncated or edited since).
         for name in _wrong_sizes(to, expected):
-            hf_hub_download(source.path, name, revision=info.sha, local_dir=to, endpoint=endpoint, token=token,
-                            force_download=True)
+            hf_hub_download(
+                source.path, name, revision=info.sha, local_dir=to, endpoint=endpoint, token=token, force_download=True
+            )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
-        raise FetchError(f"could not fetch hf://{source.path}@{revision}: {_reason(exc, has_token=token is not None)}") from exc
+        raise FetchError(
+            f"could not fetch hf://{source.path}@{revision}: {_reason(exc, has_token=token is not None)}"
+        ) from exc
     verify_sizes(to, expected)
 
 
@@ -132,10 +144,13 @@ def _reason(exc: Exception, has_token: bool) -> str:
     """One line for the pod's log. Never includes the token: library messages are cut to their first line,
     which names the repository and status, not request headers."""
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, GatedRepoError) or status in (401, 403):
         if not has_token:
-            return f"access refused (gated or private model) and HF_TOKEN is not set: put HF_TOKEN in {CREDENTIALS_HINT}"
+            return (
+                f"access refused (gated or private model) and HF_TOKEN is not set: put HF_TOKEN in {CREDENTIALS_HINT}"
+            )
         return f"access refused with the token in HF_TOKEN (from {CREDENTIALS_HINT}): check it is valid and has access"
     if isinstance(exc, RevisionNotFoundError):
         return "revision not found"
@@ -158,7 +173,9 @@ def _size(path: Path) -> int | None:
 def verify_sizes(to: Path, expected: dict[str, int]) -> None:
     for name in _wrong_sizes(to, expected):
         actual = _size(to / name)
-        raise FetchError(f"{to / name}: expected {expected[name]} bytes, found {'no file' if actual is None else actual}")
+        raise FetchError(
+            f"{to / name}: expected {expected[name]} bytes, found {'no file' if actual is None else actual}"
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -38,13 +38,21 @@ def fetch_s3(path: str, to: Path, show_progress: bool) -> None:
         sizes = _list(client, bucket, prefix + "/")
         if not sizes:
             raise FetchError(f"could not fetch {uri}: no objects under that prefix")
-        with tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, desc=f"Fetching {uri}",
-                  disable=not show_progress, file=sys.stderr) as bar:
+        with tqdm(
+            total=sum(sizes.values()),
+            unit="B",
+            unit_scale=True,
+            desc=f"Fetching {uri}",
+            disable=not show_progress,
+            file=sys.stderr,
+        ) as bar:
             for rel, size in sizes.items():
                 _download(client, bucket, f"{prefix}/{rel}", to / rel, size, bar)
     except NoCredentialsError as exc:
-        raise FetchError(f"could not fetch {uri}: no AWS credentials: set AWS_ACCESS_KEY_ID and "
-                         f"AWS_SECRET_ACCESS_KEY in {CREDENTIALS_HINT}") from exc
+        raise FetchError(
+            f"could not fetch {uri}: no AWS credentials: set AWS_ACCESS_KEY_ID and "
+            f"AWS_SECRET_ACCESS_KEY in {CREDENTIALS_HINT}"
+        ) from exc
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
@@ -62,8 +70,11 @@ def _client():
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
     return boto3.session.Session().client(
-        "s3", region_name=region, endpoint_url=endpoint,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10, read_timeout=60))
+        "s3",
+        region_name=region,
+        endpoint_url=endpoint,
+        config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10, read_timeout=60),
+    )
 
 
 def _list(client, bucket: str, prefix: str) -> dict[str, int]:
@@ -71,7 +82,7 @@ def _list(client, bucket: str, prefix: str) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
-            rel = item["Key"][len(prefix):]
+            rel = item["Key"][len(prefix) :]
             if rel and not rel.endswith("/"):
                 if ".." in rel.split("/"):
                     raise FetchError(f"refusing object key {item['Key']!r}: it would be written outside the target")
@@ -81,7 +92,8 @@ def _list(client, bucket: str, prefix: str) -> dict[str, int]:
 
 def _download(client, bucket: str, key: str, dest: Path, size: int, bar: tqdm) -> None:
     """Writes `key` to dest via dest.part; a .part left by an interrupted run is continued with a Range GET."""
-    from botocore.exceptions import ConnectionError as BotoConnectionError, ResponseStreamingError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ResponseStreamingError
 
     if dest.is_file() and dest.stat().st_size == size:  # finished by an earlier run
         bar.update(size)

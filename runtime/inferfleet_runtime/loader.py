@@ -19,8 +19,11 @@ from .tokenizer import Tokenizer
 
 # Checkpoint projection name -> (fused parameter in our model, index of its row range).
 _FUSED = {
-    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -37,14 +40,20 @@ class LoadedModel:
     device: torch.device
 
 
-def load_model(model_dir: str | Path, dtype: str | torch.dtype | None = None,
-               device: str | torch.device | None = None, kernels: str = "auto") -> LoadedModel:
+def load_model(
+    model_dir: str | Path,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    kernels: str = "auto",
+) -> LoadedModel:
     """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir, dtype=dtype)
     tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
     # Generation stops at any EOS named by config.json, generation_config.json or the tokenizer.
-    config = dataclasses.replace(config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids)))
+    config = dataclasses.replace(
+        config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
+    )
     device = pick_device(device)
     with torch.device("meta"):
         model = LlamaModel(config, get_ops(kernels)).to(config.dtype)
@@ -96,7 +105,9 @@ def load_weights(model: LlamaModel, weights: Iterator[tuple[str, torch.Tensor]])
             raise CheckpointError(f"checkpoint tensor {hf_name!r} has no place in a {config.num_layers}-layer Llama")
         target = params[name] if part is None else params[name].narrow(0, *_row_range(config, name, part))
         if target.shape != tensor.shape:
-            raise CheckpointError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)}, config implies {tuple(target.shape)}")
+            raise CheckpointError(
+                f"{hf_name}: checkpoint shape {tuple(tensor.shape)}, config implies {tuple(target.shape)}"
+            )
         target.copy_(tensor)
         loaded.setdefault(name, set()).add(part or 0)
     missing = [name for name, parts in expected.items() if len(loaded.get(name, ())) != parts]

@@ -47,33 +47,54 @@ class Attention(nn.Module):
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         # q, k and v projections fused into one matmul; the loader fills the three row ranges.
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)     # q: [T, Hq, D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, Hkv, D]
         q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
         key_cache, value_cache = kv_cache
         self.ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        kwargs = {} if meta.is_decode_only else {"query_start_loc": meta.query_start_loc,
-                                                 "max_query_len": meta.max_query_len}
+        kwargs = (
+            {}
+            if meta.is_decode_only
+            else {"query_start_loc": meta.query_start_loc, "max_query_len": meta.max_query_len}
+        )
         if self.ops.backend == "reference":
             # The gather rows and masks depend on the step, not the layer: derived once, shared by all layers.
             layout = meta.derived.get("reference_layout")
             if layout is None:
                 layout = meta.derived["reference_layout"] = reference_layout(
-                    meta.block_tables, meta.seq_lens, key_cache.shape[1], kwargs.get("query_start_loc"),
-                    meta.max_seq_len)
+                    meta.block_tables,
+                    meta.seq_lens,
+                    key_cache.shape[1],
+                    kwargs.get("query_start_loc"),
+                    meta.max_seq_len,
+                )
             kwargs["layout"] = layout
-        out = self.ops.paged_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                       max_seq_len=meta.max_seq_len, **kwargs)
+        out = self.ops.paged_attention(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            self.scale,
+            max_seq_len=meta.max_seq_len,
+            **kwargs,
+        )
         return self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, hidden]
 
 
@@ -132,8 +153,9 @@ class LlamaModel(nn.Module):
         self.cos_sin_cache = rope_cos_sin_cache(self.config, self.embed_tokens.weight.device)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache], meta: AttentionMetadata
+    ) -> torch.Tensor:
         """input_ids, positions: [T] int64 -> hidden states [T, hidden] (final norm applied)."""
         h = self.embed_tokens(input_ids)  # [T, hidden]
         residual = None
@@ -151,8 +173,10 @@ class LlamaModel(nn.Module):
         c = self.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
         device = self.embed_tokens.weight.device
-        return [(torch.zeros(shape, dtype=c.dtype, device=device), torch.zeros(shape, dtype=c.dtype, device=device))
-                for _ in range(c.num_layers)]
+        return [
+            (torch.zeros(shape, dtype=c.dtype, device=device), torch.zeros(shape, dtype=c.dtype, device=device))
+            for _ in range(c.num_layers)
+        ]
 
     def kv_cache_bytes_per_block(self, block_size: int) -> int:
         c = self.config

@@ -17,8 +17,8 @@ from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
 from inferfleet_runtime.sequence import Logprob
 
-DEFAULT_CPU_KV_BYTES = 1 << 30         # KV budget on a CPU when none is given
-DEFAULT_GPU_KV_FRACTION = 0.8          # of the device memory still free after loading the weights
+DEFAULT_CPU_KV_BYTES = 1 << 30  # KV budget on a CPU when none is given
+DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading the weights
 
 
 class ModelRunner:
@@ -38,6 +38,7 @@ class ModelRunner:
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, config: EngineConfig, model_name: str | None = None) -> ModelRunner:
         from inferfleet_runtime.loader import load_model
+
         loaded = load_model(model_dir, dtype=config.dtype, device=config.device, kernels=config.kernels)
         return cls(loaded, config, model_name)
 
@@ -60,8 +61,9 @@ class ModelRunner:
             return []
         seqs, num_new = batch.seqs, batch.num_new_tokens
         seq_lens = [seq.num_computed_tokens + n for seq, n in zip(seqs, num_new)]
-        meta, positions = build_attention_metadata([seq.block_ids for seq in seqs], seq_lens, num_new,
-                                                   self.block_size, self.device)
+        meta, positions = build_attention_metadata(
+            [seq.block_ids for seq in seqs], seq_lens, num_new, self.block_size, self.device
+        )
         # One pass: the new tokens' ids, and which sequences reach their last token (batch.samples) with the
         # flat index of that token.
         token_ids: list[int] = []
@@ -70,19 +72,19 @@ class ModelRunner:
         end = 0
         for i, (seq, n) in enumerate(zip(seqs, num_new)):
             start = seq.num_computed_tokens
-            token_ids += seq.token_ids[start:start + n]
+            token_ids += seq.token_ids[start : start + n]
             end += n
             if start + n == len(seq.token_ids):
                 rows.append(i)
                 last_index.append(end - 1)
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)   # [num_tokens, hidden]
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
         results: list[tuple[int, Logprob | None] | None] = [None] * len(seqs)
         if not rows:
             return results
-        if len(last_index) < hidden.shape[0]:      # else every token is its sequence's last (decode): no gather
+        if len(last_index) < hidden.shape[0]:  # else every token is its sequence's last (decode): no gather
             hidden = hidden[torch.tensor(last_index, dtype=torch.int64, device=self.device)]
-        logits = self.model.compute_logits(hidden)                          # [num_rows, vocab] float32
+        logits = self.model.compute_logits(hidden)  # [num_rows, vocab] float32
         for i, sample in zip(rows, self.sampler.sample(logits, [seqs[i] for i in rows])):
             results[i] = sample
         return results

@@ -14,14 +14,14 @@ import torch
 from inferfleet_runtime.sequence import Logprob, Sequence
 
 MAX_LOGPROBS = 20
-_SEED_STRIDE = 0x9E3779B1   # choice i of a seeded request draws with seed + i * stride
+_SEED_STRIDE = 0x9E3779B1  # choice i of a seeded request draws with seed + i * stride
 
 
 @dataclass
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
-    top_k: int | None = None           # None: no top-k cut
+    top_k: int | None = None  # None: no top-k cut
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
@@ -30,9 +30,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
-    max_tokens: int | None = 16        # None: up to the context limit
+    max_tokens: int | None = 16  # None: up to the context limit
     ignore_eos: bool = False
-    logprobs: int | None = None        # None: no logprobs; k: the sampled token's plus the top k alternatives
+    logprobs: int | None = None  # None: no logprobs; k: the sampled token's plus the top k alternatives
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -48,8 +48,11 @@ class SamplingParams:
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
             ("repetition_penalty", self.repetition_penalty > 0, "must be positive"),
             ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1"),
-            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-             f"must be in [0, {MAX_LOGPROBS}]"),
+            (
+                "logprobs",
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                f"must be in [0, {MAX_LOGPROBS}]",
+            ),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
         ]
         for name, ok, message in checks:
@@ -71,7 +74,7 @@ class SamplingParams:
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
-        self.generator = torch.Generator(device=device)   # for requests without a seed
+        self.generator = torch.Generator(device=device)  # for requests without a seed
         self.generator.manual_seed(seed)
 
     @torch.inference_mode()
@@ -81,7 +84,7 @@ class Sampler:
         num_top = max((p.logprobs for p in params if p.logprobs is not None), default=None)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if num_top is not None else None
         penalised = [i for i, p in enumerate(params) if p.has_penalties]
-        if penalised:      # penalties edit rows in place; the caller's logits stay as the model gave them
+        if penalised:  # penalties edit rows in place; the caller's logits stay as the model gave them
             logits = logits.clone()
             for i in penalised:
                 _apply_penalties(logits[i], seqs[i], params[i])
@@ -101,7 +104,7 @@ class Sampler:
             if p.logprobs is None:
                 results.append((token_id, None))
                 continue
-            top = tuple(zip(top_ids[i][:p.logprobs], top_lp[i][:p.logprobs])) if p.logprobs else ()
+            top = tuple(zip(top_ids[i][: p.logprobs], top_lp[i][: p.logprobs])) if p.logprobs else ()
             results.append((token_id, Logprob(token_id, chosen_lp[i], top)))
         return results
 
@@ -155,5 +158,5 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence, p: SamplingParams) -> 
         logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
     if (p.frequency_penalty or p.presence_penalty) and seq.num_output_tokens:
         output = torch.tensor(seq.output_token_ids, dtype=torch.int64, device=logits.device)
-        counts = torch.bincount(output, minlength=logits.shape[-1])[:logits.shape[-1]].to(logits.dtype)
+        counts = torch.bincount(output, minlength=logits.shape[-1])[: logits.shape[-1]].to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)

@@ -44,7 +44,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []     # admission order: the newest is last
+        self.running: list[Sequence] = []  # admission order: the newest is last
         self.num_preemptions = 0
 
     @property
@@ -127,7 +127,7 @@ class Scheduler:
         block_size = bm.block_size
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
-            if seq.num_computed_tokens // block_size > seq.num_registered_blocks:   # a block filled up
+            if seq.num_computed_tokens // block_size > seq.num_registered_blocks:  # a block filled up
                 bm.cache_full_blocks(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:

@@ -13,10 +13,10 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
-    STOP = "stop"          # EOS, a stop token id or a stop string
-    LENGTH = "length"      # max_tokens or the context limit
-    ABORT = "abort"        # client went away or the request was cancelled
+class FinishReason(str, enum.Enum):  # noqa: UP042 (str() and format() keep the 3.11 str-mixin behaviour)
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # client went away or the request was cancelled
 
 
 @dataclass(frozen=True)
@@ -33,25 +33,25 @@ class Sequence:
     seq_id: int
     request_id: str
     prompt_token_ids: list[int]
-    index: int = 0                     # choice index within its request (n > 1)
-    params: Any = None                 # SamplingParams; kept opaque so this module imports no torch
+    index: int = 0  # choice index within its request (n > 1)
+    params: Any = None  # SamplingParams; kept opaque so this module imports no torch
     arrival_time: float = 0.0
-    token_ids: list[int] = field(default_factory=list)    # prompt + output
-    num_computed_tokens: int = 0       # tokens whose K/V are in the cache
-    num_cached_tokens: int = 0         # of those, tokens found in the prefix cache at admission
-    block_ids: list[int] = field(default_factory=list)    # block table
+    token_ids: list[int] = field(default_factory=list)  # prompt + output
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # of those, tokens found in the prefix cache at admission
+    block_ids: list[int] = field(default_factory=list)  # block table
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of this sequence's full blocks
-    num_registered_blocks: int = 0     # leading blocks already offered to the prefix cache
+    num_registered_blocks: int = 0  # leading blocks already offered to the prefix cache
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     # Engine-side output state (text, logprobs, streaming progress).
     output_text: str = ""
-    num_stable_chars: int = 0          # output_text[:num_stable_chars] may be streamed (no partial stop string)
+    num_stable_chars: int = 0  # output_text[:num_stable_chars] may be streamed (no partial stop string)
     logprobs: list[Logprob] = field(default_factory=list)
-    num_sent_chars: int = 0            # output already handed out (streaming deltas)
+    num_sent_chars: int = 0  # output already handed out (streaming deltas)
     num_sent_tokens: int = 0
-    generator: Any = None              # torch.Generator for seeded sampling
+    generator: Any = None  # torch.Generator for seeded sampling
     detokenizer: Any = None
 
     def __post_init__(self) -> None:
@@ -72,7 +72,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def is_finished(self) -> bool:

@@ -17,8 +17,13 @@ class TokenizerError(ValueError):
 
 
 class Tokenizer:
-    def __init__(self, backend: HFTokenizer, special_tokens: dict[str, str | None], chat_template: str | None,
-                 extra_eos_token_ids: list[int] = ()):
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        special_tokens: dict[str, str | None],
+        chat_template: str | None,
+        extra_eos_token_ids: list[int] = (),
+    ):
         self.backend = backend
         self.special_tokens = special_tokens  # bos_token, eos_token, unk_token, pad_token -> text or None
         self.chat_template = chat_template
@@ -100,8 +105,9 @@ def _strftime_now(fmt: str) -> str:
 
 def _compile(source: str) -> jinja2.Template:
     # Same environment settings as transformers' chat template rendering.
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols])
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

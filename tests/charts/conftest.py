@@ -62,11 +62,23 @@ def template(helm) -> Callable[..., subprocess.CompletedProcess]:
     """`helm template` of the chart with the given values (unparsed result)."""
     kube_version = _pins()["K8S_VERSION"]
 
-    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True,
-            also_served: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-        api_versions = [arg for kind in (SERVED if served else []) + list(also_served) for arg in ("--api-versions", kind)]
-        return helm("template", RELEASE, str(CHART), "--namespace", namespace,
-                    "--kube-version", kube_version, *api_versions, *_set_args(values))
+    def run(
+        values: dict | None = None, namespace: str = NAMESPACE, served: bool = True, also_served: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess:
+        api_versions = [
+            arg for kind in (SERVED if served else []) + list(also_served) for arg in ("--api-versions", kind)
+        ]
+        return helm(
+            "template",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            kube_version,
+            *api_versions,
+            *_set_args(values),
+        )
 
     return run
 
@@ -76,8 +88,9 @@ def render(template) -> Callable[..., list[dict]]:
     """The chart's objects for the given values; fails the test if helm refuses. served=False renders
     as on the install that creates the CRDs."""
 
-    def run(values: dict | None = None, namespace: str = NAMESPACE, served: bool = True,
-            also_served: tuple[str, ...] = ()) -> list[dict]:
+    def run(
+        values: dict | None = None, namespace: str = NAMESPACE, served: bool = True, also_served: tuple[str, ...] = ()
+    ) -> list[dict]:
         result = template(values, namespace, served, also_served)
         assert result.returncode == 0, result.stderr
         return [doc for doc in yaml.safe_load_all(result.stdout) if doc]

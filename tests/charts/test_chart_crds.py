@@ -14,13 +14,20 @@ KINDS = {"InferenceService", "InferenceRuntime", "EngineBuild"}
 
 
 def _repository_crds() -> dict[str, dict]:
-    return {crd["metadata"]["name"]: crd for path in sorted((ROOT / "crds").glob("*.yaml"))
-            for crd in yaml.safe_load_all(path.read_text()) if crd}
+    return {
+        crd["metadata"]["name"]: crd
+        for path in sorted((ROOT / "crds").glob("*.yaml"))
+        for crd in yaml.safe_load_all(path.read_text())
+        if crd
+    }
 
 
 def _inferfleet_crds(objects: list[dict]) -> dict[str, dict]:
-    return {obj["metadata"]["name"]: obj for obj in objects
-            if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == "inferfleet.dev"}
+    return {
+        obj["metadata"]["name"]: obj
+        for obj in objects
+        if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == "inferfleet.dev"
+    }
 
 
 def test_chart_copy_of_crds_is_byte_for_byte_current():
@@ -51,8 +58,9 @@ def test_rendered_crds_equal_the_repository_crds(render):
 def test_keep_switch_sets_the_resource_policy(render, keep, policy):
     objects = render({"crds": {"keep": keep}}, served=False)
     crds = _inferfleet_crds(objects)
-    peering = [obj for obj in objects
-               if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == "kopf.dev"]
+    peering = [
+        obj for obj in objects if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == "kopf.dev"
+    ]
     assert len(crds) == 3 and len(peering) == 2
     for crd in [*crds.values(), *peering]:
         assert (crd["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == policy

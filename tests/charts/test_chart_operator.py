@@ -51,8 +51,10 @@ def test_probes_hit_the_health_endpoint_on_the_configured_port(render, one):
 
 
 def test_probe_timing_and_resources_come_from_values(render, one):
-    values = {"probes": {"liveness": {"periodSeconds": 42}},
-              "resources": {"requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"memory": "1Gi"}}}
+    values = {
+        "probes": {"liveness": {"periodSeconds": 42}},
+        "resources": {"requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"memory": "1Gi"}},
+    }
     container = _container(render(values), one)
     assert container["livenessProbe"]["periodSeconds"] == 42
     assert container["resources"] == values["resources"]
@@ -96,12 +98,15 @@ def test_several_replicas_elect_a_leader_through_a_cluster_peering(render, one, 
 
 
 def test_namespaced_leader_election_uses_one_peering_per_watched_namespace(render, one, of_kind):
-    objects = render({"replicaCount": 2, "watchNamespaces": ["team-a", "team-b"],
-                      "leaderElection": {"peeringName": "fleet-leader"}})
+    objects = render(
+        {"replicaCount": 2, "watchNamespaces": ["team-a", "team-b"], "leaderElection": {"peeringName": "fleet-leader"}}
+    )
     assert "--peering=fleet-leader" in _container(objects, one)["args"]
     peerings = of_kind(objects, "KopfPeering")
     assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
-        ("team-a", "fleet-leader"), ("team-b", "fleet-leader")]
+        ("team-a", "fleet-leader"),
+        ("team-b", "fleet-leader"),
+    ]
     assert not of_kind(objects, "ClusterKopfPeering")
 
 
@@ -109,8 +114,11 @@ def test_engine_cache_claim_is_created_by_default_and_passed_to_the_operator(ren
     objects = render({"engineCache": {"size": "20Gi", "accessModes": ["ReadWriteOnce"], "storageClassName": "fast"}})
     claim = one(objects, "PersistentVolumeClaim")
     assert claim["metadata"] == {**claim["metadata"], "name": f"{FULLNAME}-engine-cache", "namespace": NAMESPACE}
-    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
-                             "resources": {"requests": {"storage": "20Gi"}}}
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": "fast",
+        "resources": {"requests": {"storage": "20Gi"}},
+    }
     assert f"--engine-cache-claim={FULLNAME}-engine-cache" in _container(objects, one)["args"]
 
 
@@ -137,7 +145,9 @@ def test_pod_disruption_budget_never_blocks_a_drain_by_default(render, one, of_k
     assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
     assert pdb["spec"]["selector"]["matchLabels"] == one(render(), "Deployment")["spec"]["selector"]["matchLabels"]
     assert one(render({"podDisruptionBudget": {"minAvailable": 2}}), "PodDisruptionBudget")["spec"] == {
-        "selector": pdb["spec"]["selector"], "minAvailable": 2}
+        "selector": pdb["spec"]["selector"],
+        "minAvailable": 2,
+    }
     assert not of_kind(render({"podDisruptionBudget": {"enabled": False}}), "PodDisruptionBudget")
 
 
@@ -152,12 +162,16 @@ def test_metrics_service_selects_the_operator_pods(render, one, of_kind):
 
 def test_service_monitor_is_off_by_default_and_scrapes_the_metrics_service(render, one, of_kind):
     assert not of_kind(render(), "ServiceMonitor")
-    objects = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}, "interval": "15s"}}})
+    objects = render(
+        {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}, "interval": "15s"}}}
+    )
     monitor = one(objects, "ServiceMonitor")
     service = one(objects, "Service")
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
 
 
 def test_service_monitor_without_the_metrics_service_is_refused(refuse):
@@ -189,8 +203,13 @@ def test_service_account_can_be_brought_by_the_user(render, one, of_kind, refuse
 
 
 def test_namespaced_objects_land_in_the_release_namespace(render):
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "InferenceRuntime",
-                      "ClusterKopfPeering"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "InferenceRuntime",
+        "ClusterKopfPeering",
+    }
     for obj in render({"networkPolicy": {"enabled": True}, "replicaCount": 2}, namespace="ops"):
         if obj["kind"] in cluster_scoped:
             assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
@@ -199,10 +218,15 @@ def test_namespaced_objects_land_in_the_release_namespace(render):
 
 
 def test_placement_values_reach_the_pod(render, one):
-    values = {"nodeSelector": {"pool": "system"}, "tolerations": [{"key": "system", "operator": "Exists"}],
-              "priorityClassName": "system-cluster-critical", "podLabels": {"team": "ml"},
-              "podAnnotations": {"note": "x"}, "extraArgs": ["--verbose"],
-              "extraEnv": [{"name": "KOPF_LOG", "value": "debug"}]}
+    values = {
+        "nodeSelector": {"pool": "system"},
+        "tolerations": [{"key": "system", "operator": "Exists"}],
+        "priorityClassName": "system-cluster-critical",
+        "podLabels": {"team": "ml"},
+        "podAnnotations": {"note": "x"},
+        "extraArgs": ["--verbose"],
+        "extraEnv": [{"name": "KOPF_LOG", "value": "debug"}],
+    }
     deployment = one(render(values), "Deployment")
     pod = deployment["spec"]["template"]
     assert pod["spec"]["nodeSelector"] == {"pool": "system"}
@@ -214,4 +238,3 @@ def test_placement_values_reach_the_pod(render, one):
     assert {"name": "KOPF_LOG", "value": "debug"} in container["env"]
     # The selector must not follow podLabels, or an upgrade adding a label would be refused.
     assert "team" not in deployment["spec"]["selector"]["matchLabels"]
-

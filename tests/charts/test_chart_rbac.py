@@ -17,8 +17,13 @@ CLUSTER_SCOPED = {"nodes", "namespaces", "inferenceruntimes", "customresourcedef
 
 def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) triples: the comparison ignores how rules are grouped."""
-    return {(group, resource, verb)
-            for rule in rules for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_chart_copy_of_permissions_is_current():
@@ -31,10 +36,14 @@ def test_cluster_role_is_exactly_the_operator_permissions(render, one, of_kind):
     assert one(objects, "ClusterRole")["rules"] == PERMISSIONS
     assert not of_kind(objects, "Role") and not of_kind(objects, "RoleBinding")
     binding = one(objects, "ClusterRoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": one(objects, "ClusterRole")["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
-                                    "name": one(objects, "ServiceAccount")["metadata"]["name"]}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": one(objects, "ClusterRole")["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "namespace": NAMESPACE, "name": one(objects, "ServiceAccount")["metadata"]["name"]}
+    ]
 
 
 def test_leader_election_adds_no_permissions(render, one):
@@ -82,7 +91,9 @@ def test_inference_pools_are_absent_from_rbac_unless_routing_turns_them_on(rende
     assert "--inference-pools=disabled" in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     on = render({"routing": {"inferencePools": True}})
     assert one(on, "ClusterRole")["rules"] == PERMISSIONS + ROUTING_PERMISSIONS
-    assert "--inference-pools=disabled" not in one(on, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert (
+        "--inference-pools=disabled" not in one(on, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
     namespaced = render({"routing": {"inferencePools": True}, "watchNamespaces": ["team-a"]})
     (role,) = of_kind(namespaced, "Role")
     assert ("inference.networking.k8s.io", "inferencepools", "patch") in _grants(role["rules"])
@@ -97,4 +108,7 @@ def test_inference_pools_on_auto_follow_whether_the_cluster_serves_the_crd(rende
     assert "inferencepools" not in str(one(render(), "ClusterRole")["rules"]), "auto without the CRD: off"
     objects = render(also_served=("inference.networking.k8s.io/v1/InferencePool",))
     assert one(objects, "ClusterRole")["rules"] == PERMISSIONS + ROUTING_PERMISSIONS
-    assert "--inference-pools=disabled" not in one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert (
+        "--inference-pools=disabled"
+        not in one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 
 import jsonschema
@@ -56,7 +57,9 @@ def test_runtimes_wait_until_the_api_serves_their_kind(render):
 
 
 def test_images_follow_the_default_tag_unless_a_runtime_sets_its_own(render):
-    values = {"runtimes": {"tag": "2.0.0", "items": {"paged-rocm": {"image": {"repository": "mirror/rocm", "tag": "6.3"}}}}}
+    values = {
+        "runtimes": {"tag": "2.0.0", "items": {"paged-rocm": {"image": {"repository": "mirror/rocm", "tag": "6.3"}}}}
+    }
     runtimes = _runtimes(render(values))
     assert runtimes["paged-cuda"]["spec"]["image"] == "inferfleet/runtime-cuda:2.0.0"
     assert runtimes["compiled-tensorrt"]["spec"]["compileImage"] == "inferfleet/runtime-tensorrt:2.0.0"
@@ -71,26 +74,44 @@ def test_runtimes_can_be_disabled_one_by_one_or_all(render):
 
 
 def test_new_silicon_is_one_more_entry(render):
-    gaudi = {"enabled": True, "engine": "Paged", "vendors": ["habana"], "gpuResource": "habana.ai/gaudi",
-             "priority": 50, "image": {"repository": "acme/runtime-gaudi", "tag": "1.0"}}
+    gaudi = {
+        "enabled": True,
+        "engine": "Paged",
+        "vendors": ["habana"],
+        "gpuResource": "habana.ai/gaudi",
+        "priority": 50,
+        "image": {"repository": "acme/runtime-gaudi", "tag": "1.0"},
+    }
     runtime = _runtimes(render({"runtimes": {"items": {"paged-gaudi": gaudi}}}))["paged-gaudi"]
-    assert runtime["spec"] == {"engine": "Paged", "vendors": ["habana"], "image": "acme/runtime-gaudi:1.0",
-                               "gpuResource": "habana.ai/gaudi", "priority": 50}
+    assert runtime["spec"] == {
+        "engine": "Paged",
+        "vendors": ["habana"],
+        "image": "acme/runtime-gaudi:1.0",
+        "gpuResource": "habana.ai/gaudi",
+        "priority": 50,
+    }
     jsonschema.validate(runtime["spec"], _crd_schema())
 
 
 def test_default_runtimes_serve_intel_nodes_of_either_driver_with_the_resource_they_advertise(render):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from inferfleet_operator.planner import plan_service
 
     runtimes = list(_runtimes(render()).values())
-    service = {"metadata": {"name": "llama", "namespace": "default", "uid": "u"},
-               "spec": {"model": {"name": "m", "uri": "hf://org/m"}, "replicas": 1}}
+    service = {
+        "metadata": {"name": "llama", "namespace": "default", "uid": "u"},
+        "spec": {"model": {"name": "m", "uri": "hf://org/m"}, "replicas": 1},
+    }
     for resource in ("gpu.intel.com/i915", "gpu.intel.com/xe"):
-        node = {"metadata": {"name": "intel-0", "labels": {"gpu.intel.com/product": "Max_1550"}},
-                "status": {"allocatable": {"cpu": "32", resource: "4"}, "conditions": [{"type": "Ready", "status": "True"}]}}
-        plan = plan_service(service, [node], runtimes, {}, {}, datetime(2026, 1, 1, tzinfo=timezone.utc))
+        node = {
+            "metadata": {"name": "intel-0", "labels": {"gpu.intel.com/product": "Max_1550"}},
+            "status": {
+                "allocatable": {"cpu": "32", resource: "4"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+        plan = plan_service(service, [node], runtimes, {}, {}, datetime(2026, 1, 1, tzinfo=UTC))
         (entry,) = plan.status["pools"]
         assert entry["runtime"] == "paged-xpu" and entry["desiredReplicas"] == 1
         (deployment,) = [c for c in plan.children if c["kind"] == "Deployment"]

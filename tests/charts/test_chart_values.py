@@ -28,10 +28,36 @@ BAD_VALUES = [
     ({"runtimes": {"items": {"paged-cuda": {"engine": "Magic"}}}}, "/runtimes/items/paged-cuda/engine"),
     ({"runtimes": {"items": {"paged-cuda": {"vendors": ["nvidia", "3dfx"]}}}}, "/runtimes/items/paged-cuda/vendors/1"),
     ({"runtimes": {"items": {"paged-cuda": {"priority": 5000}}}}, "/runtimes/items/paged-cuda/priority"),
-    ({"runtimes": {"items": {"Paged_Gaudi": {"enabled": True, "engine": "Paged", "vendors": ["habana"],
-                                             "image": {"repository": "x"}}}}}, "Paged_Gaudi"),
-    ({"runtimes": {"items": {"compiled-x": {"enabled": True, "engine": "Compiled", "vendors": ["nvidia"],
-                                            "image": {"repository": "x"}}}}}, "compileImage"),
+    (
+        {
+            "runtimes": {
+                "items": {
+                    "Paged_Gaudi": {
+                        "enabled": True,
+                        "engine": "Paged",
+                        "vendors": ["habana"],
+                        "image": {"repository": "x"},
+                    }
+                }
+            }
+        },
+        "Paged_Gaudi",
+    ),
+    (
+        {
+            "runtimes": {
+                "items": {
+                    "compiled-x": {
+                        "enabled": True,
+                        "engine": "Compiled",
+                        "vendors": ["nvidia"],
+                        "image": {"repository": "x"},
+                    }
+                }
+            }
+        },
+        "compileImage",
+    ),
     ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
     ({"podDisruptionBudget": {"maxUnavailable": "half"}}, "/podDisruptionBudget/maxUnavailable"),
     ({"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}}, "set minAvailable or maxUnavailable, not both"),
@@ -53,8 +79,13 @@ def test_bad_value_is_refused_with_a_message_naming_it(refuse, values, named):
 
 def test_defaults_and_documented_examples_pass_the_schema(render):
     assert render()
-    assert render({"podDisruptionBudget": {"minAvailable": "50%"}, "securityContext": {"runAsUser": None},
-                   "engineCache": {"storageClassName": None}})
+    assert render(
+        {
+            "podDisruptionBudget": {"minAvailable": "50%"},
+            "securityContext": {"runAsUser": None},
+            "engineCache": {"storageClassName": None},
+        }
+    )
 
 
 def _keys_with_line_numbers(lines: list[str]) -> list[tuple[int, str, int]]:
@@ -99,6 +130,7 @@ def test_every_value_is_in_the_readme_table():
     leaves = [p for p in paths if not any(o.startswith(p + ".") for o in paths) and not p.startswith("runtimes.items.")]
     section = (ROOT / "README.md").read_text().split("## Helm chart", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE))
+
     def is_listed(leaf: str) -> bool:  # a map-valued value (resources) may be one row
         return any(".".join(leaf.split(".")[:n]) in rows for n in range(1, leaf.count(".") + 2))
 

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
-
 from planning_data import service
-from inferfleet_operator.api import EngineEnvelope, SpecError, from_dict, parse_build, parse_runtime, parse_service, to_camel, to_dict
+
+from inferfleet_operator.api import (
+    EngineEnvelope,
+    SpecError,
+    from_dict,
+    parse_build,
+    parse_runtime,
+    parse_service,
+    to_camel,
+    to_dict,
+)
 
 
 def test_camel_case_maps_to_snake_case_in_one_rule():
@@ -13,7 +22,12 @@ def test_camel_case_maps_to_snake_case_in_one_rule():
 
 
 def test_service_spec_parses_with_defaults_and_nested_models():
-    s = parse_service(service(placement={"vendors": ["amd"], "tolerations": [{"key": "k", "operator": "Exists"}]}, pools=[{"name": "amd-mi300x", "replicas": 2}]))
+    s = parse_service(
+        service(
+            placement={"vendors": ["amd"], "tolerations": [{"key": "k", "operator": "Exists"}]},
+            pools=[{"name": "amd-mi300x", "replicas": 2}],
+        )
+    )
     assert s.meta.name == "llama" and s.meta.generation == 1
     assert s.spec.placement.vendors == ("amd",) and s.spec.placement.tolerations[0].operator == "Exists"
     assert s.spec.pools[0].replicas == 2 and s.spec.engine == EngineEnvelope()
@@ -30,9 +44,20 @@ def test_round_trip_through_dict_keeps_every_field():
         ({"spec": {"model": {"uri": "hf://a/b"}}}, "spec.model.name is required"),
         ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "replicas": "two"}}, "spec.replicas must be an integer"),
         ({"spec": {"model": {"name": "m", "uri": "ftp://x"}}}, "spec.model.uri"),
-        ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "runtime": {"bridge": "yes"}}}, "spec.runtime.bridge must be true or false"),
-        ({"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "replicas": 2, "pools": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 1}]}},
-         "spec.pools: the sum of pools"),
+        (
+            {"spec": {"model": {"name": "m", "uri": "hf://a/b"}, "runtime": {"bridge": "yes"}}},
+            "spec.runtime.bridge must be true or false",
+        ),
+        (
+            {
+                "spec": {
+                    "model": {"name": "m", "uri": "hf://a/b"},
+                    "replicas": 2,
+                    "pools": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 1}],
+                }
+            },
+            "spec.pools: the sum of pools",
+        ),
     ],
 )
 def test_bad_specs_raise_spec_error_naming_the_field(obj, field):
@@ -50,7 +75,12 @@ def test_build_spec_parses():
                      "vendor": "nvidia", "architecture": "sm90", "image": "i", "compileImage": "c"}})  # fmt: skip
     assert b.spec.max_attempts == 3 and b.spec.placement.node_names == ()
     # Builds written before the build settings existed parse with the defaults.
-    assert (b.spec.deadline_seconds, b.spec.resources.memory, b.spec.credentials_secret, b.spec.model_size) == (7200, "16Gi", "", "")
+    assert (b.spec.deadline_seconds, b.spec.resources.memory, b.spec.credentials_secret, b.spec.model_size) == (
+        7200,
+        "16Gi",
+        "",
+        "",
+    )
 
 
 def test_new_service_fields_parse_with_defaults():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -10,8 +10,10 @@ from inferfleet_operator import autoscaling as a
 from inferfleet_operator.api import AutoscalingSpec
 from inferfleet_operator.autoscaling import History, PodMetrics, PoolLoad
 
-NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
-WAITING = AutoscalingSpec(max_replicas=20, min_replicas=1, target_waiting_requests=2, scale_down_stabilization_seconds=60)
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+WAITING = AutoscalingSpec(
+    max_replicas=20, min_replicas=1, target_waiting_requests=2, scale_down_stabilization_seconds=60
+)
 
 
 def pods(*waiting, kv=None):
@@ -46,22 +48,63 @@ DECISIONS = [
     ("load over target scales up", WAITING, [PoolLoad("p", 1, 10, pods(6.0))], [3], [a.REASON_SCALED_UP]),
     ("within tolerance keeps", WAITING, [PoolLoad("p", 2, 10, pods(2.1, 2.0))], [2], [a.REASON_WITHIN_TOLERANCE]),
     ("capacity caps a scale-up", WAITING, [PoolLoad("p", 1, 2, pods(10.0))], [2], [a.REASON_CAPACITY]),
-    ("max caps the service total", AutoscalingSpec(max_replicas=3, target_waiting_requests=2),
-     [PoolLoad("p", 2, 10, pods(8.0, 8.0))], [3], [a.REASON_MAX]),
-    ("min lifts an idle service", AutoscalingSpec(max_replicas=5, min_replicas=2, target_waiting_requests=2, scale_down_stabilization_seconds=0),
-     [PoolLoad("p", 3, 10, pods(0.0, 0.0, 0.0))], [2], [a.REASON_MIN]),
-    ("a building pool is never scaled", WAITING, [PoolLoad("p", 1, 10, pods(50.0), is_building=True)], [1], [a.REASON_ENGINE_BUILDING]),
+    (
+        "max caps the service total",
+        AutoscalingSpec(max_replicas=3, target_waiting_requests=2),
+        [PoolLoad("p", 2, 10, pods(8.0, 8.0))],
+        [3],
+        [a.REASON_MAX],
+    ),
+    (
+        "min lifts an idle service",
+        AutoscalingSpec(max_replicas=5, min_replicas=2, target_waiting_requests=2, scale_down_stabilization_seconds=0),
+        [PoolLoad("p", 3, 10, pods(0.0, 0.0, 0.0))],
+        [2],
+        [a.REASON_MIN],
+    ),
+    (
+        "a building pool is never scaled",
+        WAITING,
+        [PoolLoad("p", 1, 10, pods(50.0), is_building=True)],
+        [1],
+        [a.REASON_ENGINE_BUILDING],
+    ),
     ("no metrics keeps", WAITING, [PoolLoad("p", 2, 10, pods(None, None))], [2], [a.REASON_NO_METRICS]),
-    ("pools decide apart", WAITING, [PoolLoad("busy", 1, 10, pods(8.0)), PoolLoad("calm", 2, 10, pods(2.0, 2.0))], [4, 2],
-     [a.REASON_SCALED_UP, a.REASON_WITHIN_TOLERANCE]),
-    ("the shortfall under min goes to the pool with the most room", AutoscalingSpec(max_replicas=9, min_replicas=3, target_waiting_requests=2),
-     [PoolLoad("small", 0, 1, ()), PoolLoad("big", 1, 8, pods(2.0))], [0, 3], [a.REASON_NO_METRICS, a.REASON_MIN]),
-    ("the excess over max comes off the largest pool", AutoscalingSpec(max_replicas=4, target_waiting_requests=1),
-     [PoolLoad("x", 1, 10, pods(3.0)), PoolLoad("y", 1, 10, pods(2.0))], [2, 2], [a.REASON_MAX, a.REASON_SCALED_UP]),
-    ("kv usage drives when it asks for more than the queue", AutoscalingSpec(max_replicas=10, target_waiting_requests=4, target_kv_cache_usage_percent=50),
-     [PoolLoad("p", 2, 10, pods(1.0, 1.0, kv=0.9))], [4], [a.REASON_SCALED_UP]),
-    ("a building pool is held out of the max cut", AutoscalingSpec(max_replicas=2, target_waiting_requests=1),
-     [PoolLoad("b", 2, 10, pods(9.0, 9.0), is_building=True), PoolLoad("p", 1, 10, pods(1.0))], [2, 0], [a.REASON_ENGINE_BUILDING, a.REASON_MAX]),
+    (
+        "pools decide apart",
+        WAITING,
+        [PoolLoad("busy", 1, 10, pods(8.0)), PoolLoad("calm", 2, 10, pods(2.0, 2.0))],
+        [4, 2],
+        [a.REASON_SCALED_UP, a.REASON_WITHIN_TOLERANCE],
+    ),
+    (
+        "the shortfall under min goes to the pool with the most room",
+        AutoscalingSpec(max_replicas=9, min_replicas=3, target_waiting_requests=2),
+        [PoolLoad("small", 0, 1, ()), PoolLoad("big", 1, 8, pods(2.0))],
+        [0, 3],
+        [a.REASON_NO_METRICS, a.REASON_MIN],
+    ),
+    (
+        "the excess over max comes off the largest pool",
+        AutoscalingSpec(max_replicas=4, target_waiting_requests=1),
+        [PoolLoad("x", 1, 10, pods(3.0)), PoolLoad("y", 1, 10, pods(2.0))],
+        [2, 2],
+        [a.REASON_MAX, a.REASON_SCALED_UP],
+    ),
+    (
+        "kv usage drives when it asks for more than the queue",
+        AutoscalingSpec(max_replicas=10, target_waiting_requests=4, target_kv_cache_usage_percent=50),
+        [PoolLoad("p", 2, 10, pods(1.0, 1.0, kv=0.9))],
+        [4],
+        [a.REASON_SCALED_UP],
+    ),
+    (
+        "a building pool is held out of the max cut",
+        AutoscalingSpec(max_replicas=2, target_waiting_requests=1),
+        [PoolLoad("b", 2, 10, pods(9.0, 9.0), is_building=True), PoolLoad("p", 1, 10, pods(1.0))],
+        [2, 0],
+        [a.REASON_ENGINE_BUILDING, a.REASON_MAX],
+    ),
 ]
 
 

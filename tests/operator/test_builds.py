@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from crd_eval import load_schema, schema_errors
 from planning_data import NOW
+
 from inferfleet_operator.api import PlanSettings
 from inferfleet_operator.builds import UNREFERENCED_ANNOTATION, backoff_seconds, plan_build, plan_gc
 
@@ -19,7 +20,11 @@ def build(status=None, **spec) -> dict:
         "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1", "gpuResource": "nvidia.com/gpu",
         "gpus": 1, "maxAttempts": 3, "backoffSeconds": 10, "placement": {"nodeNames": ["h1", "h2"]},
     }  # fmt: skip
-    return {"metadata": {"name": KEY, "namespace": "team-a", "uid": "uid-b", "generation": 1}, "spec": base | spec, "status": status or {}}
+    return {
+        "metadata": {"name": KEY, "namespace": "team-a", "uid": "uid-b", "generation": 1},
+        "spec": base | spec,
+        "status": status or {},
+    }
 
 
 def t(seconds: float) -> str:
@@ -29,9 +34,18 @@ def t(seconds: float) -> str:
 def job(attempt: int, outcome: str, at: float = 0) -> dict:
     status = {"startTime": t(at - 60)}
     if outcome == "failed":
-        status |= {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": t(at)}]}
+        status |= {
+            "failed": 1,
+            "conditions": [
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": t(at)}
+            ],
+        }
     elif outcome == "succeeded":
-        status |= {"succeeded": 1, "completionTime": t(at), "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": t(at)}]}
+        status |= {
+            "succeeded": 1,
+            "completionTime": t(at),
+            "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": t(at)}],
+        }
     else:
         status |= {"active": 1}
     name = f"{KEY}-{attempt}"
@@ -59,11 +73,21 @@ def test_compile_job_runs_the_compile_contract_on_the_target_nodes():
     spec = plan_build(build(), [], NOW).job["spec"]["template"]["spec"]
     container = spec["containers"][0]
     assert container["image"] == "c:1" and container["command"] == ["inferfleet-runtime"]
-    assert container["args"][:7] == ["compile", "--model", "/models/model", "--out", f"/engines/{KEY}", "--backend", "tensorrt"]
+    assert container["args"][:7] == [
+        "compile",
+        "--model",
+        "/models/model",
+        "--out",
+        f"/engines/{KEY}",
+        "--backend",
+        "tensorrt",
+    ]
     assert "--max-context-length" in container["args"] and container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert spec["initContainers"][0]["args"] == ["fetch", "--uri", "hf://org/m", "--to", "/models/model"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in ("h1", "h2")]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in ("h1", "h2")
+    ]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["engines"].get("readOnly") is None  # the compile Job writes the cache
 
@@ -114,7 +138,12 @@ def test_succeeded_job_makes_the_build_ready_with_artifact_details():
     pods = [pod(f"{KEY}-2", 0, '{"artifactSizeBytes": 123456}')]
     p = plan_build(build(), jobs, NOW, pods=pods)
     s = p.status
-    assert (s["state"], s["artifactPath"], s["artifactSizeBytes"], s["durationSeconds"]) == ("Ready", f"/engines/{KEY}", 123456, 60)
+    assert (s["state"], s["artifactPath"], s["artifactSizeBytes"], s["durationSeconds"]) == (
+        "Ready",
+        f"/engines/{KEY}",
+        123456,
+        60,
+    )
     assert s["conditions"][0]["status"] == "True" and p.job is None
 
 
@@ -126,7 +155,11 @@ def test_plan_build_is_deterministic_and_quiet_on_resync():
 
 def test_build_status_fits_the_crd_schema():
     status_schema = load_schema("enginebuilds.yaml")["properties"]["status"]
-    for p in (plan_build(build(), [], NOW), plan_build(build(), [job(1, "failed")], NOW), plan_build(build(), [job(1, "succeeded")], NOW)):
+    for p in (
+        plan_build(build(), [], NOW),
+        plan_build(build(), [job(1, "failed")], NOW),
+        plan_build(build(), [job(1, "succeeded")], NOW),
+    ):
         assert schema_errors(p.status, status_schema) == []
 
 
@@ -166,10 +199,20 @@ def test_a_missing_engine_cache_claim_holds_the_job_and_says_so():
 
 
 def test_a_running_attempt_whose_pod_cannot_schedule_says_why_not_waiting():
-    pending = {"metadata": {"name": f"{KEY}-1-x", "labels": {"batch.kubernetes.io/job-name": f"{KEY}-1"}},
-               "status": {"phase": "Pending", "conditions": [
-                   {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                    "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}}
+    pending = {
+        "metadata": {"name": f"{KEY}-1-x", "labels": {"batch.kubernetes.io/job-name": f"{KEY}-1"}},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        },
+    }
     p = plan_build(build(), [job(1, "running")], NOW, pods=[pending])
     assert p.status["state"] == "Building"
     assert "Insufficient nvidia.com/gpu" in p.status["progress"]
@@ -192,7 +235,7 @@ def test_a_deadline_exceeded_attempt_fails_the_build_without_retrying():
 
 
 def test_a_refused_job_is_reported_with_the_api_servers_message():
-    error = "422 Unprocessable Entity: spec.template.spec.tolerations[0].key: Invalid value: \"bad key\""
+    error = '422 Unprocessable Entity: spec.template.spec.tolerations[0].key: Invalid value: "bad key"'
     p = plan_build(build(), [], NOW, apply_error=error)
     assert p.job is not None  # still wanted: the reconcile retries it with backoff
     assert p.status["conditions"][0]["reason"] == "ApplyFailed"
@@ -201,11 +244,24 @@ def test_a_refused_job_is_reported_with_the_api_servers_message():
 
 
 def test_a_failed_fetch_in_a_compile_pod_is_the_failure_reason():
-    fetch = {"metadata": {"name": f"{KEY}-1-x", "labels": {"batch.kubernetes.io/job-name": f"{KEY}-1"}},
-             "status": {"phase": "Failed", "initContainerStatuses": [
-                 {"name": "fetch-model", "state": {"terminated": {
-                     "exitCode": 2, "reason": "Error",
-                     "message": "inferfleet-runtime fetch: error: unrecognized arguments: --revision v1"}}}]}}
+    fetch = {
+        "metadata": {"name": f"{KEY}-1-x", "labels": {"batch.kubernetes.io/job-name": f"{KEY}-1"}},
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {
+                    "name": "fetch-model",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 2,
+                            "reason": "Error",
+                            "message": "inferfleet-runtime fetch: error: unrecognized arguments: --revision v1",
+                        }
+                    },
+                }
+            ],
+        },
+    }
     p = plan_build(build(), [job(1, "failed")], NOW + timedelta(seconds=1), pods=[fetch])
     assert "exited 2" in p.status["failureReason"]
     assert p.status["failureReason"].endswith("unrecognized arguments: --revision v1")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from planning_data import RUNTIMES, cpu, h100, mi300x, node, runtime, service
+
 from inferfleet_operator.api import parse_runtime, parse_service
 from inferfleet_operator.choice import Excluded, PoolChoice, choose_for_pool, choose_runtimes
 from inferfleet_operator.pools import group_pools
@@ -46,7 +46,19 @@ def test_policy_compiled_excludes_pools_no_compiled_runtime_fits():
 
 
 def test_compiled_runtime_restricted_to_other_architectures_does_not_fit():
-    (a100,) = group_pools([node("a", {"nvidia.com/gpu.product": "NVIDIA-A100", "nvidia.com/gpu.compute.major": "7", "nvidia.com/gpu.compute.minor": "0"}, {"nvidia.com/gpu": "8"})])
+    (a100,) = group_pools(
+        [
+            node(
+                "a",
+                {
+                    "nvidia.com/gpu.product": "NVIDIA-A100",
+                    "nvidia.com/gpu.compute.major": "7",
+                    "nvidia.com/gpu.compute.minor": "0",
+                },
+                {"nvidia.com/gpu": "8"},
+            )
+        ]
+    )
     result = choose_for_pool(parse_service(service()).spec, a100, PARSED)
     assert result.engine == "Paged" and "no Compiled InferenceRuntime supports nvidia sm70" in result.reason
 
@@ -59,14 +71,18 @@ def test_unknown_architecture_never_gets_a_compiled_engine():
 
 
 def test_higher_priority_wins_and_ties_break_by_name():
-    rts = [parse_runtime(runtime(n, "Paged", ["amd"], priority=p)) for n, p in [("z-low", 1), ("b-high", 5), ("a-high", 5)]]
+    rts = [
+        parse_runtime(runtime(n, "Paged", ["amd"], priority=p)) for n, p in [("z-low", 1), ("b-high", 5), ("a-high", 5)]
+    ]
     assert choose("amd", rts).runtime.name == "a-high"
     assert choose("amd", list(reversed(rts))).runtime.name == "a-high"
 
 
 def test_vendor_not_in_placement_is_excluded_with_the_list():
     result = choose("amd", placement={"vendors": ["nvidia"]})
-    assert isinstance(result, Excluded) and result.reason == "VendorNotAllowed: amd is not in placement.vendors ['nvidia']"
+    assert (
+        isinstance(result, Excluded) and result.reason == "VendorNotAllowed: amd is not in placement.vendors ['nvidia']"
+    )
 
 
 def test_pool_without_any_runtime_is_excluded():
@@ -81,5 +97,7 @@ def test_pool_of_only_excluded_nodes_says_which_and_why():
 
 
 def test_choose_runtimes_splits_chosen_and_excluded():
-    chosen, excluded = choose_runtimes(parse_service(service(placement={"vendors": ["nvidia", "cpu"]})).spec, list(POOLS.values()), PARSED)
+    chosen, excluded = choose_runtimes(
+        parse_service(service(placement={"vendors": ["nvidia", "cpu"]})).spec, list(POOLS.values()), PARSED
+    )
     assert sorted(c.pool.vendor for c in chosen) == ["cpu", "nvidia"] and [x.pool.vendor for x in excluded] == ["amd"]

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 import yaml
-
 from crd_cases import CASES
 from crd_eval import CRDS, admit, compile_all, load_schema
+
 from inferfleet_operator import api, crdgen
 
 VALID = {
@@ -33,7 +33,9 @@ def svc(**spec_changes) -> dict:
 
 @pytest.mark.parametrize("file_name", sorted(crdgen.FILES))
 def test_committed_crd_yaml_is_what_crdgen_generates(file_name):
-    assert (CRDS / file_name).read_text() == crdgen.render(crdgen.FILES[file_name]), "run: python -m inferfleet_operator.crdgen crds/"
+    assert (CRDS / file_name).read_text() == crdgen.render(crdgen.FILES[file_name]), (
+        "run: python -m inferfleet_operator.crdgen crds/"
+    )
 
 
 @pytest.mark.parametrize("file_name", sorted(crdgen.FILES))
@@ -85,7 +87,13 @@ def test_a_minimal_service_is_admitted_with_every_default_filled():
     stored, errors = admit(VALID, "inferenceservices.yaml")
     assert errors == []
     spec = stored["spec"]
-    assert spec["engine"] == {"maxContextLength": 4096, "maxBatchSize": 16, "dtype": "bfloat16", "tensorParallelSize": 1, "blockSize": 16}
+    assert spec["engine"] == {
+        "maxContextLength": 4096,
+        "maxBatchSize": 16,
+        "dtype": "bfloat16",
+        "tensorParallelSize": 1,
+        "blockSize": 16,
+    }
     assert spec["runtime"] == {"policy": "Auto", "fallback": "Paged", "bridge": True}
     assert spec["resources"]["gpusPerReplica"] == 1 and spec["replicas"] == 1
     # The defaulted object parses to the same model as the bare one: defaults live in one place.
@@ -97,13 +105,27 @@ REFUSED = [
     (svc(model__uri="pvc://Claim_With_Caps/x"), "model.uri must be pvc://"),
     (svc(model__uri="hf://only-org"), "model.uri must be pvc://"),
     (svc(engine__tensorParallelSize=2), "engine.tensorParallelSize must equal resources.gpusPerReplica"),
-    (svc(runtime__policy="Paged", runtime__fallback="None"), "runtime.fallback None has no effect with runtime.policy Paged"),
-    (svc(replicas=2, pools=[{"name": "nvidia-h100", "replicas": 3}]), "the sum of pools[].replicas must be at most replicas"),
-    (svc(placement__tolerations=[{"key": "gpu", "operator": "Exists", "value": "x"}]), "value must be empty when operator is Exists"),
-    (svc(autoscaling={"minReplicas": 5, "maxReplicas": 2, "targetWaitingRequests": 4}), "autoscaling.minReplicas must be at most autoscaling.maxReplicas"),
+    (
+        svc(runtime__policy="Paged", runtime__fallback="None"),
+        "runtime.fallback None has no effect with runtime.policy Paged",
+    ),
+    (
+        svc(replicas=2, pools=[{"name": "nvidia-h100", "replicas": 3}]),
+        "the sum of pools[].replicas must be at most replicas",
+    ),
+    (
+        svc(placement__tolerations=[{"key": "gpu", "operator": "Exists", "value": "x"}]),
+        "value must be empty when operator is Exists",
+    ),
+    (
+        svc(autoscaling={"minReplicas": 5, "maxReplicas": 2, "targetWaitingRequests": 4}),
+        "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
+    ),
     (svc(autoscaling={"maxReplicas": 4}), "autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent"),
-    (svc(autoscaling={"maxReplicas": 4, "targetWaitingRequests": 2}, pools=[{"name": "cpu-amd64", "replicas": 1}]),
-     "pools (fixed per-pool replicas) cannot be combined with autoscaling"),
+    (
+        svc(autoscaling={"maxReplicas": 4, "targetWaitingRequests": 2}, pools=[{"name": "cpu-amd64", "replicas": 1}]),
+        "pools (fixed per-pool replicas) cannot be combined with autoscaling",
+    ),
 ]
 
 
@@ -134,8 +156,14 @@ def test_new_rules_admit_the_valid_and_refuse_the_invalid(case):
         (svc(runtime__policy="Fastest"), ".spec.runtime.policy"),
         (svc(placement__vendors=["nvidia", "acme"]), ".spec.placement.vendors[1]"),
         (svc(resources__memory="lots"), ".spec.resources.memory"),
-        (svc(autoscaling={"minReplicas": 0, "maxReplicas": 2, "targetWaitingRequests": 1}), ".spec.autoscaling.minReplicas"),
-        (svc(autoscaling={"maxReplicas": 2, "targetKvCacheUsagePercent": 150}), ".spec.autoscaling.targetKvCacheUsagePercent"),
+        (
+            svc(autoscaling={"minReplicas": 0, "maxReplicas": 2, "targetWaitingRequests": 1}),
+            ".spec.autoscaling.minReplicas",
+        ),
+        (
+            svc(autoscaling={"maxReplicas": 2, "targetKvCacheUsagePercent": 150}),
+            ".spec.autoscaling.targetKvCacheUsagePercent",
+        ),
         (svc(routing={"inferencePool": "Sometimes"}), ".spec.routing.inferencePool"),
         (svc(routing={"endpointPicker": {"name": "epp", "port": 70000}}), ".spec.routing.endpointPicker.port"),
     ],
@@ -191,7 +219,10 @@ def test_engine_build_name_must_be_its_key():
 def test_compiled_runtime_needs_a_compile_image_and_paged_refuses_one():
     compiled = {"metadata": {"name": "trt"}, "spec": {"engine": "Compiled", "vendors": ["nvidia"], "image": "r:1"}}
     assert any("compileImage is required" in e for e in admit(compiled, "inferenceruntimes.yaml")[1])
-    paged = {"metadata": {"name": "p"}, "spec": {"engine": "Paged", "vendors": ["amd"], "image": "r:1", "compileImage": "c:1"}}
+    paged = {
+        "metadata": {"name": "p"},
+        "spec": {"engine": "Paged", "vendors": ["amd"], "image": "r:1", "compileImage": "c:1"},
+    }
     assert any("compileImage is only used by engine Compiled" in e for e in admit(paged, "inferenceruntimes.yaml")[1])
     empty_vendors = {"metadata": {"name": "p"}, "spec": {"engine": "Paged", "vendors": [], "image": "r:1"}}
     assert any(e.startswith(".spec.vendors") for e in admit(empty_vendors, "inferenceruntimes.yaml")[1])
@@ -237,6 +268,7 @@ def test_readme_example_service_is_admitted_and_plans():
     import re
 
     from planning_data import NOW, RUNTIMES, h100, mi300x
+
     from inferfleet_operator.planner import plan_service
 
     readme = (CRDS.parent / "README.md").read_text()

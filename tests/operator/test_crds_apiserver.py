@@ -12,15 +12,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from crd_cases import CASES
 from crd_eval import CRDS
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x
+
 from inferfleet_operator.planner import plan_service
 
 BIN = Path(os.environ.get("INFERFLEET_CLUSTER_BIN", ""))
-HAVE_BINARIES = bool(os.environ.get("INFERFLEET_CLUSTER_BIN")) and all((BIN / b).exists() for b in ("etcd", "kube-apiserver", "kubectl"))
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_BINARIES, reason="INFERFLEET_CLUSTER_BIN has no etcd/kube-apiserver/kubectl")]
+HAVE_BINARIES = bool(os.environ.get("INFERFLEET_CLUSTER_BIN")) and all(
+    (BIN / b).exists() for b in ("etcd", "kube-apiserver", "kubectl")
+)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not HAVE_BINARIES, reason="INFERFLEET_CLUSTER_BIN has no etcd/kube-apiserver/kubectl"),
+]
 
 
 def _free_port() -> int:
@@ -33,7 +38,9 @@ def _free_port() -> int:
 def kubectl(tmp_path_factory):
     root = tmp_path_factory.mktemp("apiserver")
     subprocess.run(["openssl", "genrsa", "-out", root / "sa.key", "2048"], check=True, capture_output=True)
-    subprocess.run(["openssl", "rsa", "-in", root / "sa.key", "-pubout", "-out", root / "sa.pub"], check=True, capture_output=True)
+    subprocess.run(
+        ["openssl", "rsa", "-in", root / "sa.key", "-pubout", "-out", root / "sa.pub"], check=True, capture_output=True
+    )
     (root / "tokens.csv").write_text("crdtest-token,admin,admin,system:masters\n")
     etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
     logs = [open(root / "etcd.log", "w"), open(root / "apiserver.log", "w")]
@@ -59,7 +66,13 @@ def kubectl(tmp_path_factory):
     }))  # fmt: skip
 
     def run(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([BIN / "kubectl", "--kubeconfig", kubeconfig, *args], input=stdin, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [BIN / "kubectl", "--kubeconfig", kubeconfig, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     try:
         deadline = time.monotonic() + 90
@@ -88,16 +101,45 @@ def _service(**spec) -> str:
     "spec, field, message",
     [
         ({"model": {"name": "m", "uri": "http://x/y"}}, "spec.model.uri", "model.uri must be pvc://CLAIM/PATH"),
-        ({"engine": {"tensorParallelSize": 2}}, "spec.engine.tensorParallelSize", "must equal resources.gpusPerReplica"),
-        ({"runtime": {"policy": "Paged", "fallback": "None"}}, "spec.runtime", "has no effect with runtime.policy Paged"),
+        (
+            {"engine": {"tensorParallelSize": 2}},
+            "spec.engine.tensorParallelSize",
+            "must equal resources.gpusPerReplica",
+        ),
+        (
+            {"runtime": {"policy": "Paged", "fallback": "None"}},
+            "spec.runtime",
+            "has no effect with runtime.policy Paged",
+        ),
         ({"engine": {"dtype": "int3"}}, "spec.engine.dtype", "Unsupported value"),
-        ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetWaitingRequests": 1}}, "spec.autoscaling.minReplicas",
-         "autoscaling.minReplicas must be at most autoscaling.maxReplicas"),
-        ({"autoscaling": {"maxReplicas": 2}}, "spec.autoscaling", "autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent"),
-        ({"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "targetWaitingRequests": 1}}, "spec.autoscaling.minReplicas", "should be greater than or equal to 1"),
-        ({"autoscaling": {"maxReplicas": 2, "targetKvCacheUsagePercent": 101}}, "spec.autoscaling.targetKvCacheUsagePercent", "less than or equal to 100"),
-        ({"autoscaling": {"maxReplicas": 2, "targetWaitingRequests": 1}, "pools": [{"name": "cpu-amd64", "replicas": 1}]}, "spec.pools",
-         "cannot be combined with autoscaling"),
+        (
+            {"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetWaitingRequests": 1}},
+            "spec.autoscaling.minReplicas",
+            "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
+        ),
+        (
+            {"autoscaling": {"maxReplicas": 2}},
+            "spec.autoscaling",
+            "autoscaling needs targetWaitingRequests or targetKvCacheUsagePercent",
+        ),
+        (
+            {"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "targetWaitingRequests": 1}},
+            "spec.autoscaling.minReplicas",
+            "should be greater than or equal to 1",
+        ),
+        (
+            {"autoscaling": {"maxReplicas": 2, "targetKvCacheUsagePercent": 101}},
+            "spec.autoscaling.targetKvCacheUsagePercent",
+            "less than or equal to 100",
+        ),
+        (
+            {
+                "autoscaling": {"maxReplicas": 2, "targetWaitingRequests": 1},
+                "pools": [{"name": "cpu-amd64", "replicas": 1}],
+            },
+            "spec.pools",
+            "cannot be combined with autoscaling",
+        ),
         ({"routing": {"inferencePool": "Sometimes"}}, "spec.routing.inferencePool", "Unsupported value"),
     ],
 )
@@ -122,7 +164,17 @@ def test_api_server_fills_defaults_and_keeps_the_planner_status(kubectl):
     assert stored["spec"]["runtime"] == {"policy": "Auto", "fallback": "Paged", "bridge": True}
     assert stored["spec"]["engine"]["maxContextLength"] == 4096
     status = plan_service(stored, [h100("h1"), mi300x("m1"), cpu("c1")], RUNTIMES, {}, {}, NOW).status
-    patched = kubectl("patch", "infsvc", "llama", "-n", "default", "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+    patched = kubectl(
+        "patch",
+        "infsvc",
+        "llama",
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
     assert patched.returncode == 0, patched.stderr
     again = json.loads(kubectl("get", "infsvc", "llama", "-n", "default", "-o", "json").stdout)
     assert again["status"] == status  # nothing pruned
@@ -132,12 +184,19 @@ def test_api_server_fills_defaults_and_keeps_the_planner_status(kubectl):
     assert "model.name is immutable" in renamed.stderr
 
 
-GAIE_CRD = Path(__file__).resolve().parents[2] / "e2e" / "crds-thirdparty" / "inferencepools.inference.networking.k8s.io.yaml"
+GAIE_CRD = (
+    Path(__file__).resolve().parents[2] / "e2e" / "crds-thirdparty" / "inferencepools.inference.networking.k8s.io.yaml"
+)
 
 
 def test_the_pinned_gaie_crd_admits_the_golden_inference_pools(kubectl):
     assert kubectl("apply", "-f", str(GAIE_CRD)).returncode == 0
-    assert kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s").returncode == 0
+    assert (
+        kubectl(
+            "wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s"
+        ).returncode
+        == 0
+    )
     golden = sorted((Path(__file__).resolve().parent / "golden" / "routing").glob("*.yaml"))
     assert golden
     for path in golden:
@@ -149,12 +208,28 @@ def test_the_pinned_gaie_crd_admits_the_golden_inference_pools(kubectl):
 
 
 def test_routing_and_autoscaling_status_round_trip_unpruned(kubectl):
-    spec = {"autoscaling": {"maxReplicas": 4, "targetWaitingRequests": 2}, "routing": {"endpointPicker": {"name": "epp", "port": 9002}}}
-    created = kubectl("apply", "-f", "-", stdin=_service(**spec).replace('"name": "llama", "namespace"', '"name": "scaled", "namespace"'))
+    spec = {
+        "autoscaling": {"maxReplicas": 4, "targetWaitingRequests": 2},
+        "routing": {"endpointPicker": {"name": "epp", "port": 9002}},
+    }
+    created = kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=_service(**spec).replace('"name": "llama", "namespace"', '"name": "scaled", "namespace"'),
+    )
     assert created.returncode == 0, created.stderr
     stored = json.loads(kubectl("get", "infsvc", "scaled", "-n", "default", "-o", "json").stdout)
-    assert stored["spec"]["autoscaling"] == {"minReplicas": 1, "maxReplicas": 4, "targetWaitingRequests": 2, "scaleDownStabilizationSeconds": 300}
-    assert stored["spec"]["routing"] == {"inferencePool": "Auto", "endpointPicker": {"name": "epp", "port": 9002, "kind": "Service", "group": "", "failureMode": "FailClose"}}
+    assert stored["spec"]["autoscaling"] == {
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "targetWaitingRequests": 2,
+        "scaleDownStabilizationSeconds": 300,
+    }
+    assert stored["spec"]["routing"] == {
+        "inferencePool": "Auto",
+        "endpointPicker": {"name": "epp", "port": 9002, "kind": "Service", "group": "", "failureMode": "FailClose"},
+    }
     status = {
         "routing": {"inferencePool": "scaled", "apiVersion": "inference.networking.k8s.io/v1", "reason": "InferencePoolApplied", "message": "m",
                     "pools": ["cpu-amd64", "nvidia-h100"]},
@@ -162,6 +237,16 @@ def test_routing_and_autoscaling_status_round_trip_unpruned(kubectl):
                         "pools": [{"name": "cpu-amd64", "currentReplicas": 1, "desiredReplicas": 3, "metric": "inferfleet:num_requests_waiting",
                                    "value": "5", "target": "2", "reason": "ScaledUp"}]},
     }  # fmt: skip
-    patched = kubectl("patch", "infsvc", "scaled", "-n", "default", "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+    patched = kubectl(
+        "patch",
+        "infsvc",
+        "scaled",
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
     assert patched.returncode == 0, patched.stderr
     assert json.loads(kubectl("get", "infsvc", "scaled", "-n", "default", "-o", "json").stdout)["status"] == status

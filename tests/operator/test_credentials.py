@@ -22,8 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from inferfleet_operator.credentials import Credentials, CredentialsError
 from inferfleet_operator import kube
+from inferfleet_operator.credentials import Credentials, CredentialsError
 from inferfleet_operator.kube import Kube
 
 SERVER_NAME = "api.inferfleet.test"
@@ -38,13 +38,54 @@ def _openssl(*args: str, cwd: Path) -> None:
 def pki(tmp_path_factory) -> Path:
     """ca.crt, and server.crt/server.key for SERVER_NAME only (not 127.0.0.1), signed by the CA."""
     d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-             "-subj", "/CN=inferfleet-test-ca", cwd=d)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-             "-subj", f"/CN={SERVER_NAME}", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=inferfleet-test-ca",
+        cwd=d,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        f"/CN={SERVER_NAME}",
+        cwd=d,
+    )
     (d / "san.ext").write_text(f"subjectAltName=DNS:{SERVER_NAME}\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "server.crt", "-days", "2", "-extfile", "san.ext", cwd=d)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        cwd=d,
+    )
     return d
 
 
@@ -139,9 +180,14 @@ def api(pki):
 
 
 def _kubeconfig(folder: Path, cluster: dict, user: dict) -> Path:
-    config = {"apiVersion": "v1", "kind": "Config", "current-context": "test",
-              "clusters": [{"name": "test", "cluster": cluster}], "users": [{"name": "test", "user": user}],
-              "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "test",
+        "clusters": [{"name": "test", "cluster": cluster}],
+        "users": [{"name": "test", "user": user}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config"
     path.write_text(yaml.safe_dump(config))
@@ -155,15 +201,16 @@ def _exec_plugin(folder: Path, expired: bool) -> dict:
     expiry = "2000-01-01T00:00:00Z" if expired else "2999-01-01T00:00:00Z"
     script.write_text(f"""#!{sys.executable}
 import json, pathlib
-runs = pathlib.Path({str(folder / 'runs')!r})
+runs = pathlib.Path({str(folder / "runs")!r})
 n = int(runs.read_text()) + 1 if runs.exists() else 1
 runs.write_text(str(n))
 print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
                   "status": {{"token": f"exec-token-{{n}}", "expirationTimestamp": {expiry!r}}}}}))
 """)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(script),
-                     "interactiveMode": "Never"}}
+    return {
+        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(script), "interactiveMode": "Never"}
+    }
 
 
 def _get_node(credentials: Credentials) -> dict:
@@ -173,6 +220,7 @@ def _get_node(credentials: Credentials) -> dict:
             return await kube.get("v1", "Node", None, "n1")
         finally:
             await kube.close()
+
     return asyncio.run(go())
 
 
@@ -181,6 +229,7 @@ def _get_node_with_aiohttp(credentials: Credentials) -> int:
         async with credentials.aiohttp_session() as session:
             async with session.get(f"{credentials.server}/api/v1/nodes/n1") as response:
                 return response.status
+
     return asyncio.run(go())
 
 
@@ -190,11 +239,14 @@ def test_relative_ca_path_tls_server_name_and_token_file_authenticate_both_clien
     (folder / "certs").mkdir()
     (folder / "certs" / "ca.crt").write_bytes((pki / "ca.crt").read_bytes())
     (folder / "token").write_text("file-token\n")
-    path = _kubeconfig(folder, {"server": api.url, "certificate-authority": "certs/ca.crt",
-                                "tls-server-name": SERVER_NAME}, {"tokenFile": "token"})
+    path = _kubeconfig(
+        folder,
+        {"server": api.url, "certificate-authority": "certs/ca.crt", "tls-server-name": SERVER_NAME},
+        {"tokenFile": "token"},
+    )
     credentials = Credentials.load(str(path))
     assert _get_node(credentials) == NODE
-    assert _get_node_with_aiohttp(credentials) == 200   # kopf's watches use this session
+    assert _get_node_with_aiohttp(credentials) == 200  # kopf's watches use this session
     assert api.seen == [("/api/v1/nodes/n1", "Bearer file-token", SERVER_NAME)] * 2
 
 
@@ -214,7 +266,7 @@ def test_exec_plugin_credential_is_used_and_run_again_once_expired(api, pki, tmp
     _get_node(expiring)
     _get_node(expiring)
     tokens = [auth for _, auth, _ in api.seen]
-    assert tokens[:2] == ["Bearer exec-token-1"] * 2      # a valid credential is reused
+    assert tokens[:2] == ["Bearer exec-token-1"] * 2  # a valid credential is reused
     assert tokens[2] != tokens[3] and all(t.startswith("Bearer exec-token-") for t in tokens[2:])
 
 
@@ -228,8 +280,9 @@ def test_a_refused_credential_is_loaded_again_once_and_the_request_retried(tmp_p
         # The first credential was revoked before the expiry the plugin stated.
         return httpx.Response(401 if seen[-1] == "Bearer exec-token-1" else 200, json=NODE)
 
-    http = httpx.AsyncClient(base_url=credentials.server, transport=httpx.MockTransport(handler),
-                             auth=kube._CredentialsAuth(credentials))
+    http = httpx.AsyncClient(
+        base_url=credentials.server, transport=httpx.MockTransport(handler), auth=kube._CredentialsAuth(credentials)
+    )
     client = Kube(http)
     assert asyncio.run(client.get("v1", "Node", None, "n1")) == NODE
     assert asyncio.run(client.get("v1", "Node", None, "n1")) == NODE
@@ -239,8 +292,16 @@ def test_a_refused_credential_is_loaded_again_once_and_the_request_retried(tmp_p
 def test_proxy_url_carries_both_clients_through_the_proxy(api, pki, tmp_path):
     proxy = ConnectProxy()
     try:
-        path = _kubeconfig(tmp_path, {"server": api.url, "certificate-authority-data": _b64(pki / "ca.crt"),
-                                      "tls-server-name": SERVER_NAME, "proxy-url": proxy.url}, {"token": "t"})
+        path = _kubeconfig(
+            tmp_path,
+            {
+                "server": api.url,
+                "certificate-authority-data": _b64(pki / "ca.crt"),
+                "tls-server-name": SERVER_NAME,
+                "proxy-url": proxy.url,
+            },
+            {"token": "t"},
+        )
         credentials = Credentials.load(str(path))
         assert _get_node(credentials) == NODE
         assert _get_node_with_aiohttp(credentials) == 200
@@ -257,14 +318,17 @@ def test_in_cluster_token_is_read_again_after_rotation(tmp_path):
     (tmp_path / "token").write_text("first")
     (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     configuration = client.Configuration()
-    loader = InClusterConfigLoader(str(tmp_path / "token"), str(tmp_path / "ca.crt"),
-                                   environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"})
-    loader._token_refresh_period = datetime.timedelta(0)   # the loader re-reads once a minute; here at once
+    loader = InClusterConfigLoader(
+        str(tmp_path / "token"),
+        str(tmp_path / "ca.crt"),
+        environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+    )
+    loader._token_refresh_period = datetime.timedelta(0)  # the loader re-reads once a minute; here at once
     loader.load_and_set(configuration)
     credentials = Credentials(configuration, "in-cluster")
     assert credentials.server == "https://10.0.0.1:443"
     assert credentials.authorization() == "Bearer first"
-    (tmp_path / "token").write_text("second")   # the kubelet rotates the projected token
+    (tmp_path / "token").write_text("second")  # the kubelet rotates the projected token
     assert credentials.authorization() == "Bearer second"
 
 
@@ -276,4 +340,5 @@ def test_no_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
 
 def _b64(path: Path) -> str:
     import base64
+
     return base64.b64encode(path.read_bytes()).decode()

@@ -17,14 +17,26 @@ def test_key_is_short_lowercase_hex():
 
 
 def test_spelled_out_defaults_give_the_same_key_as_none():
-    explicit = {"maxContextLength": 4096, "maxBatchSize": 16, "dtype": "bfloat16", "tensorParallelSize": 1, "blockSize": 16}
+    explicit = {
+        "maxContextLength": 4096,
+        "maxBatchSize": 16,
+        "dtype": "bfloat16",
+        "tensorParallelSize": 1,
+        "blockSize": 16,
+    }
     assert engine_key("hf://org/model", "main", explicit, "sm90", ARGS[4]) == engine_key(*ARGS)
     assert engine_key("hf://org/model", "main", EngineEnvelope(), "sm90", ARGS[4]) == engine_key(*ARGS)
 
 
 @given(st.permutations(["maxContextLength", "maxBatchSize", "dtype", "tensorParallelSize", "blockSize"]))
 def test_field_order_does_not_change_the_key(order):
-    values = {"maxContextLength": 8192, "maxBatchSize": 32, "dtype": "float16", "tensorParallelSize": 2, "blockSize": 32}
+    values = {
+        "maxContextLength": 8192,
+        "maxBatchSize": 32,
+        "dtype": "float16",
+        "tensorParallelSize": 2,
+        "blockSize": 32,
+    }
     reordered = {k: values[k] for k in order}
     assert engine_key("hf://o/m", "v1", reordered, "sm90", "x") == engine_key("hf://o/m", "v1", values, "sm90", "x")
 

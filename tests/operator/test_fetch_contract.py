@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from planning_data import NOW, RUNTIMES, h100, service
+
 from inferfleet_operator.builds import plan_build
 from inferfleet_operator.planner import plan_service
 
@@ -45,8 +45,12 @@ VARIANTS: dict[str, dict] = {
 
 def _render(model: dict) -> dict[str, dict]:
     """-> {"deployment": pod spec of the H100 pool's paged bridge, "job": pod spec of the compile Job}."""
-    svc = service("demo", model={"name": "inferfleet-demo"} | model, replicas=1,
-                  engine={"maxContextLength": 64, "maxBatchSize": 1, "dtype": "float32"})
+    svc = service(
+        "demo",
+        model={"name": "inferfleet-demo"} | model,
+        replicas=1,
+        engine={"maxContextLength": 64, "maxBatchSize": 1, "dtype": "float32"},
+    )
     plan = plan_service(svc, [h100("h1")], RUNTIMES, {}, {}, NOW)
     [deployment] = [c for c in plan.children if c["kind"] == "Deployment"]
     [build] = plan.engine_builds
@@ -77,7 +81,7 @@ def _fetch_args(pod: dict) -> list[str]:
 def _remap(value: str, root: Path) -> str:
     for mount in (MOUNT, "/tmp"):
         if value == mount or value.startswith(mount + "/"):
-            return str(root / mount.strip("/")) + value[len(mount):]
+            return str(root / mount.strip("/")) + value[len(mount) :]
     return value
 
 
@@ -86,9 +90,15 @@ def _run_fetch(pod: dict, root: Path, secrets: dict[str, dict[str, str]], extra_
     for mount in (MOUNT, "/tmp"):
         (root / mount.strip("/")).mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HF_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"   # the image's entry point
-    env.update({"HF_HOME": str(root / "tmp" / "hf"), "AWS_CONFIG_FILE": "/nonexistent",
-                "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"})
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the image's entry point
+    env.update(
+        {
+            "HF_HOME": str(root / "tmp" / "hf"),
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
     env.update({item["name"]: _remap(item["value"], root) for item in init.get("env", [])})
     for source in init.get("envFrom", []):
         env.update(secrets[source["secretRef"]["name"]])
@@ -98,8 +108,11 @@ def _run_fetch(pod: dict, root: Path, secrets: dict[str, dict[str, str]], extra_
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".cache" not in p.relative_to(root).parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".cache" not in p.relative_to(root).parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +135,9 @@ def s3(demo_model_dir):
 
 @pytest.mark.parametrize("kind", POD_KINDS)
 @pytest.mark.parametrize("variant, revision", [("hf", None), ("hf-tag", TAG), ("hf-commit", COMMIT)])
-def test_rendered_hf_fetch_fills_the_directory_the_container_reads(variant, revision, kind, hub, demo_model_dir, tmp_path):
+def test_rendered_hf_fetch_fills_the_directory_the_container_reads(
+    variant, revision, kind, hub, demo_model_dir, tmp_path
+):
     stand_in, endpoint = hub
     pod = RENDERED[variant][kind]
     args = _fetch_args(pod)
@@ -133,7 +148,7 @@ def test_rendered_hf_fetch_fills_the_directory_the_container_reads(variant, revi
     done = _run_fetch(pod, tmp_path, {}, {"HF_ENDPOINT": endpoint})
     assert done.returncode == 0, done.stderr[-3000:]
     to = args[args.index("--to") + 1]
-    assert _model_arg(pod) == to   # the server / compiler reads where fetch wrote
+    assert _model_arg(pod) == to  # the server / compiler reads where fetch wrote
     assert _files(Path(_remap(to, tmp_path))) == _files(demo_model_dir)
     asked = {r.path.split("/revision/")[1] for r in stand_in.requests if "/revision/" in r.path}
     assert asked == {revision or "main"}
@@ -145,7 +160,7 @@ def test_rendered_gated_hf_fetch_uses_the_token_from_the_credentials_secret(kind
     pod = RENDERED["hf-gated"][kind]
     [init] = pod["initContainers"]
     assert init["envFrom"] == [{"secretRef": {"name": "hub-token"}}]
-    assert "envFrom" not in _main_container(pod)   # the token reaches the download only
+    assert "envFrom" not in _main_container(pod)  # the token reaches the download only
     stand_in.required_token = HUB_TOKEN
     try:
         refused = _run_fetch(pod, tmp_path / "without", {"hub-token": {}}, {"HF_ENDPOINT": endpoint})
@@ -164,8 +179,12 @@ def test_rendered_s3_fetch_reads_credentials_and_endpoint_from_the_secret(kind, 
     pod = RENDERED["s3"][kind]
     args = _fetch_args(pod)
     assert "--revision" not in args
-    secret = {"AWS_ACCESS_KEY_ID": "contract", "AWS_SECRET_ACCESS_KEY": "contract-secret",
-              "AWS_REGION": REGION, "AWS_ENDPOINT_URL": s3.endpoint}
+    secret = {
+        "AWS_ACCESS_KEY_ID": "contract",
+        "AWS_SECRET_ACCESS_KEY": "contract-secret",
+        "AWS_REGION": REGION,
+        "AWS_ENDPOINT_URL": s3.endpoint,
+    }
     # Before the Secret is rendered as envFrom, the same variables reach the process from outside.
     extra = {} if "envFrom" in pod["initContainers"][0] else secret
     done = _run_fetch(pod, tmp_path, {"s3-reader": secret}, extra)
@@ -176,11 +195,17 @@ def test_rendered_s3_fetch_reads_credentials_and_endpoint_from_the_secret(kind, 
 
 
 @pytest.mark.parametrize("kind", POD_KINDS)
-@pytest.mark.parametrize("variant, volume, model_dir", [
-    ("file", {"name": "model", "hostPath": {"path": "/srv/models/demo", "type": "Directory"}}, MOUNT),
-    ("pvc", {"name": "model", "persistentVolumeClaim": {"claimName": "model-store", "readOnly": True}},
-     f"{MOUNT}/inferfleet/demo"),
-])
+@pytest.mark.parametrize(
+    "variant, volume, model_dir",
+    [
+        ("file", {"name": "model", "hostPath": {"path": "/srv/models/demo", "type": "Directory"}}, MOUNT),
+        (
+            "pvc",
+            {"name": "model", "persistentVolumeClaim": {"claimName": "model-store", "readOnly": True}},
+            f"{MOUNT}/inferfleet/demo",
+        ),
+    ],
+)
 def test_mounted_sources_render_no_fetch_and_point_the_container_at_the_volume(variant, volume, model_dir, kind):
     pod = RENDERED[variant][kind]
     assert "initContainers" not in pod

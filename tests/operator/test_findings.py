@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planning_data import NOW
+
 from inferfleet_operator import conditions as c
 from inferfleet_operator.findings import (
     apply_finding,
@@ -17,8 +18,10 @@ from inferfleet_operator.findings import (
 )
 
 POOL_LABEL = "inferfleet.dev/pool"
-SCHEDULER_XE = ("0/3 nodes are available: 1 Insufficient gpu.intel.com/xe, 2 node(s) didn't match Pod's node "
-                "affinity/selector. preemption: 0/3 nodes are available: 3 No preemption victims found.")
+SCHEDULER_XE = (
+    "0/3 nodes are available: 1 Insufficient gpu.intel.com/xe, 2 node(s) didn't match Pod's node "
+    "affinity/selector. preemption: 0/3 nodes are available: 3 No preemption victims found."
+)
 
 
 def pod(name="llama-intel-1", *, scheduled=None, init=None, pool="intel-max-1100", deleting=False) -> dict:
@@ -27,8 +30,9 @@ def pod(name="llama-intel-1", *, scheduled=None, init=None, pool="intel-max-1100
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     status = {"phase": "Pending", "conditions": []}
     if scheduled is not None:
-        status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                     "message": scheduled})
+        status["conditions"].append(
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": scheduled}
+        )
     if init is not None:
         status["initContainerStatuses"] = [init]
     return {"metadata": meta, "spec": {"containers": [{"name": "server"}]}, "status": status}
@@ -61,12 +65,18 @@ def test_unschedulable_for_another_reason_keeps_the_scheduler_message():
 
 
 def test_a_crash_looping_fetch_reports_exit_code_and_last_message_line():
-    last = {"terminated": {"exitCode": 2, "reason": "Error",
-                           "message": "Traceback ...\ninferfleet-runtime fetch: error: unsupported URI s3://b/k\n"}}
+    last = {
+        "terminated": {
+            "exitCode": 2,
+            "reason": "Error",
+            "message": "Traceback ...\ninferfleet-runtime fetch: error: unsupported URI s3://b/k\n",
+        }
+    }
     [found] = pod_findings(pod(init=fetch_status({"waiting": {"reason": "CrashLoopBackOff"}}, last)))
     assert found.reason == "FetchFailed"
-    assert found.message == ("model fetch fetch-model exited 2 (Error): "
-                             "inferfleet-runtime fetch: error: unsupported URI s3://b/k")
+    assert found.message == (
+        "model fetch fetch-model exited 2 (Error): inferfleet-runtime fetch: error: unsupported URI s3://b/k"
+    )
 
 
 def test_a_fetch_that_failed_in_a_job_pod_is_reported_from_its_current_state():
@@ -94,9 +104,20 @@ def test_pod_view_keeps_what_findings_read_and_drops_the_spec():
 
 
 def test_a_job_past_its_deadline_is_deadline_exceeded():
-    job = {"metadata": {"name": "k-1"}, "spec": {"activeDeadlineSeconds": 7200},
-           "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
-                                      "message": "Job was active longer than specified deadline"}]}}
+    job = {
+        "metadata": {"name": "k-1"},
+        "spec": {"activeDeadlineSeconds": 7200},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "DeadlineExceeded",
+                    "message": "Job was active longer than specified deadline",
+                }
+            ]
+        },
+    }
     [found] = job_findings(job)
     assert found.reason == "DeadlineExceeded" and "7200 s" in found.message
     job["status"]["conditions"][0]["type"] = "FailureTarget"  # before the pods are gone
@@ -106,11 +127,20 @@ def test_a_job_past_its_deadline_is_deadline_exceeded():
 
 
 def test_missing_claims_names_the_object_and_the_claim():
-    deployment = {"kind": "Deployment", "metadata": {"name": "llama-h100", "namespace": "team-a",
-                                                      "labels": {POOL_LABEL: "nvidia-h100"}},
-                  "spec": {"template": {"spec": {"volumes": [
-                      {"name": "engines", "persistentVolumeClaim": {"claimName": "inferfleet-engine-cache"}},
-                      {"name": "tmp", "emptyDir": {}}]}}}}
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "llama-h100", "namespace": "team-a", "labels": {POOL_LABEL: "nvidia-h100"}},
+        "spec": {
+            "template": {
+                "spec": {
+                    "volumes": [
+                        {"name": "engines", "persistentVolumeClaim": {"claimName": "inferfleet-engine-cache"}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ]
+                }
+            }
+        },
+    }
     [found] = missing_claims([deployment], {"other"}, POOL_LABEL)
     assert (found.reason, found.subject, found.pool) == ("ClaimNotFound", "Deployment llama-h100", "nvidia-h100")
     assert "inferfleet-engine-cache" in found.message
@@ -119,8 +149,9 @@ def test_missing_claims_names_the_object_and_the_claim():
 
 def test_summary_leads_with_the_most_pressing_reason_and_names_every_finding():
     fetch = pod_findings(pod(init=fetch_status({"terminated": {"exitCode": 2}})))
-    refused = apply_finding("Deployment", "llama-x",
-                            "422 Unprocessable Entity: spec.template.spec.containers[0].image: Required value")
+    refused = apply_finding(
+        "Deployment", "llama-x", "422 Unprocessable Entity: spec.template.spec.containers[0].image: Required value"
+    )
     reason, message = summary(fetch + [refused])
     assert reason == "ApplyFailed"
     assert message.index("Deployment llama-x") < message.index("pod llama-intel-1")
@@ -136,10 +167,13 @@ def test_last_line_skips_trailing_blank_lines():
 
 def _status(degraded=("False", "AsPlanned", "every pool serves as planned")):
     status, reason, message = degraded
-    return {"conditions": [
-        {"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "", "lastTransitionTime": "t0"},
-        {"type": "Degraded", "status": status, "reason": reason, "message": message, "lastTransitionTime": "t0"}],
-        "pools": [{"name": "intel-max-1100"}, {"name": "nvidia-h100"}]}
+    return {
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "", "lastTransitionTime": "t0"},
+            {"type": "Degraded", "status": status, "reason": reason, "message": message, "lastTransitionTime": "t0"},
+        ],
+        "pools": [{"name": "intel-max-1100"}, {"name": "nvidia-h100"}],
+    }
 
 
 def test_degraded_status_sets_the_reason_and_names_the_pool():
@@ -166,16 +200,25 @@ def test_degraded_status_keeps_a_build_failure_after_the_findings():
 def test_replicas_failing_alike_are_one_finding_naming_each_pod():
     from inferfleet_operator.findings import pods_findings
 
-    found = pods_findings([pod("a", scheduled=SCHEDULER_XE), pod("b", scheduled=SCHEDULER_XE),
-                           pod("c", init=fetch_status({"terminated": {"exitCode": 2}}))], POOL_LABEL)
+    found = pods_findings(
+        [
+            pod("a", scheduled=SCHEDULER_XE),
+            pod("b", scheduled=SCHEDULER_XE),
+            pod("c", init=fetch_status({"terminated": {"exitCode": 2}})),
+        ],
+        POOL_LABEL,
+    )
     assert [(f.reason, f.subject) for f in found] == [("FetchFailed", "pod c"), ("InsufficientResource", "pods a, b")]
 
 
 def test_a_build_still_to_run_without_the_engine_cache_claim_is_claim_not_found():
     from inferfleet_operator.findings import missing_cache_claim
 
-    pools = [{"name": "nvidia-h100", "engineBuild": "k1", "buildState": "Pending"},
-             {"name": "nvidia-a100", "engineBuild": "k2", "buildState": "Ready"}, {"name": "amd-mi300x"}]
+    pools = [
+        {"name": "nvidia-h100", "engineBuild": "k1", "buildState": "Pending"},
+        {"name": "nvidia-a100", "engineBuild": "k2", "buildState": "Ready"},
+        {"name": "amd-mi300x"},
+    ]
     [found] = missing_cache_claim(pools, {"models"}, "inferfleet-engine-cache", "team-a")
     assert (found.reason, found.subject, found.pool) == ("ClaimNotFound", "EngineBuild k1", "nvidia-h100")
     assert missing_cache_claim(pools, {"inferfleet-engine-cache"}, "inferfleet-engine-cache", "team-a") == []
@@ -185,10 +228,20 @@ def test_what_a_pools_build_reports_reaches_the_service():
     from inferfleet_operator.findings import build_findings
 
     def build(reason):
-        return {"status": {"conditions": [{"type": "Built", "status": "False", "reason": reason,
-                                           "message": f"attempt 1: {reason}"}]}}
-    pools = [{"name": "nvidia-h100", "engineBuild": "k1"}, {"name": "nvidia-l4", "engineBuild": "k2"},
-             {"name": "nvidia-a100", "engineBuild": "k3"}, {"name": "cpu-amd64"}]
+        return {
+            "status": {
+                "conditions": [
+                    {"type": "Built", "status": "False", "reason": reason, "message": f"attempt 1: {reason}"}
+                ]
+            }
+        }
+
+    pools = [
+        {"name": "nvidia-h100", "engineBuild": "k1"},
+        {"name": "nvidia-l4", "engineBuild": "k2"},
+        {"name": "nvidia-a100", "engineBuild": "k3"},
+        {"name": "cpu-amd64"},
+    ]
     builds = {"k1": build("DeadlineExceeded"), "k2": build("JobRunning"), "k3": build("ClaimNotFound")}
     [found] = build_findings(pools, builds)
     assert (found.reason, found.subject, found.pool) == ("DeadlineExceeded", "EngineBuild k1", "nvidia-h100")

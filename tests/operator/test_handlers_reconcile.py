@@ -8,18 +8,28 @@ import json
 import re
 
 import httpx
+
 from inferfleet_operator import builds, reconcile
 from inferfleet_operator.kube import Kube
 from inferfleet_operator.metrics import Metrics
 from inferfleet_operator.settings import OperatorConfig
 
-NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.timezone.utc)
-PLURAL_KINDS = {"deployments": "Deployment", "services": "Service",
-                "poddisruptionbudgets": "PodDisruptionBudget", "jobs": "Job",
-                "enginebuilds": "EngineBuild", "inferenceservices": "InferenceService",
-                "events": "Event", "inferencepools": "InferencePool", "pods": "Pod"}
-PATH = re.compile(r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
-                  r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$")
+NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
+PLURAL_KINDS = {
+    "deployments": "Deployment",
+    "services": "Service",
+    "poddisruptionbudgets": "PodDisruptionBudget",
+    "jobs": "Job",
+    "enginebuilds": "EngineBuild",
+    "inferenceservices": "InferenceService",
+    "events": "Event",
+    "inferencepools": "InferencePool",
+    "pods": "Pod",
+}
+PATH = re.compile(
+    r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
+)
 
 
 class FakeApi:
@@ -46,7 +56,11 @@ class FakeApi:
             items = [o for (k, ns, _), o in self.objects.items() if k == kind and ns == match["ns"]]
             return httpx.Response(200, json={"items": copy.deepcopy(items)})
         obj = self.objects.get((kind, match["ns"], match["name"]))
-        return httpx.Response(200, json=obj) if obj else httpx.Response(404, json={"reason": "NotFound", "message": "gone"})
+        return (
+            httpx.Response(200, json=obj)
+            if obj
+            else httpx.Response(404, json={"reason": "NotFound", "message": "gone"})
+        )
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
@@ -93,50 +107,89 @@ class FakeApi:
 
 
 def _node(name, labels, allocatable):
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/arch": "amd64", **labels}},
-            "spec": {},
-            "status": {"allocatable": {"cpu": "96", "memory": "1024Gi", **allocatable},
-                       "capacity": {"cpu": "96", "memory": "1024Gi", **allocatable},
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/arch": "amd64", **labels}},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "96", "memory": "1024Gi", **allocatable},
+            "capacity": {"cpu": "96", "memory": "1024Gi", **allocatable},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
 NODES = [
-    _node("h100-0", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                     "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0",
-                     "nvidia.com/gpu.count": "8"}, {"nvidia.com/gpu": "8"}),
+    _node(
+        "h100-0",
+        {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.compute.major": "9",
+            "nvidia.com/gpu.compute.minor": "0",
+            "nvidia.com/gpu.count": "8",
+        },
+        {"nvidia.com/gpu": "8"},
+    ),
     _node("cpu-0", {}, {}),
 ]
 
 
 def _runtime(name, engine, vendors, resource, priority, compile_image=None):
-    spec = {"engine": engine, "vendors": vendors, "image": f"inferfleet/{name}:1",
-            "gpuResource": resource, "priority": priority}
+    spec = {
+        "engine": engine,
+        "vendors": vendors,
+        "image": f"inferfleet/{name}:1",
+        "gpuResource": resource,
+        "priority": priority,
+    }
     if compile_image:
         spec["compileImage"] = compile_image
-    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceRuntime",
-            "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceRuntime",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 RUNTIMES = [
     _runtime("paged-cuda", "Paged", ["nvidia"], "nvidia.com/gpu", 100),
     _runtime("paged-cpu", "Paged", ["cpu"], "", 10),
     _runtime("paged-rocm", "Paged", ["amd"], "amd.com/gpu", 100),
-    _runtime("compiled-tensorrt", "Compiled", ["nvidia"], "nvidia.com/gpu", 200,
-             compile_image="inferfleet/compile-tensorrt:1"),
+    _runtime(
+        "compiled-tensorrt",
+        "Compiled",
+        ["nvidia"],
+        "nvidia.com/gpu",
+        200,
+        compile_image="inferfleet/compile-tensorrt:1",
+    ),
 ]
 
 
 def _service(name="llama", replicas=2):
-    return {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}",
-                         "generation": 1, "resourceVersion": "1"},
-            "spec": {"model": {"name": "llama", "uri": "hf://org/llama"},
-                     "replicas": replicas,
-                     # cpu listed: by default CPU pools serve only when no accelerator pool is eligible.
-                     "placement": {"vendors": ["nvidia", "amd", "cpu"]},
-                     "pools": [{"name": "nvidia-h100-80gb-hbm3", "replicas": min(replicas, 1)},
-                               {"name": "cpu-amd64", "replicas": max(replicas - 1, 0)}]}}
+    return {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "resourceVersion": "1",
+        },
+        "spec": {
+            "model": {"name": "llama", "uri": "hf://org/llama"},
+            "replicas": replicas,
+            # cpu listed: by default CPU pools serve only when no accelerator pool is eligible.
+            "placement": {"vendors": ["nvidia", "amd", "cpu"]},
+            "pools": [
+                {"name": "nvidia-h100-80gb-hbm3", "replicas": min(replicas, 1)},
+                {"name": "cpu-amd64", "replicas": max(replicas - 1, 0)},
+            ],
+        },
+    }
 
 
 class World:
@@ -147,20 +200,29 @@ class World:
         for service in services:
             meta = service["metadata"]
             self.api.objects[("InferenceService", meta["namespace"], meta["name"])] = service
-        http = httpx.AsyncClient(base_url="https://api.test",
-                                 transport=httpx.MockTransport(self.api.handle))
+        http = httpx.AsyncClient(base_url="https://api.test", transport=httpx.MockTransport(self.api.handle))
         self.kube = Kube(http)
         self.indices = {}
         self.sync()
         config = OperatorConfig(build_retention_seconds=60)
-        self.ctx = reconcile.Context(kube=self.kube, config=config, metrics=Metrics(),
-                                     indices=self.indices, clock=lambda: NOW)
+        self.ctx = reconcile.Context(
+            kube=self.kube, config=config, metrics=Metrics(), indices=self.indices, clock=lambda: NOW
+        )
 
     def sync(self):
         """Every index as the watches would have it after all events arrived."""
-        index = {name: {} for name in (reconcile.SERVICES, reconcile.BUILDS, reconcile.DEPLOYMENTS,
-                                       reconcile.SERVICE_OBJECTS, reconcile.PDBS, reconcile.JOBS,
-                                       reconcile.PODS)}
+        index = {
+            name: {}
+            for name in (
+                reconcile.SERVICES,
+                reconcile.BUILDS,
+                reconcile.DEPLOYMENTS,
+                reconcile.SERVICE_OBJECTS,
+                reconcile.PDBS,
+                reconcile.JOBS,
+                reconcile.PODS,
+            )
+        }
         index[reconcile.NODES] = {n["metadata"]["name"]: [n] for n in NODES}
         index[reconcile.RUNTIMES] = {r["metadata"]["name"]: [r] for r in RUNTIMES}
         for (kind, ns, name), obj in self.api.objects.items():
@@ -176,8 +238,7 @@ class World:
             elif kind in reconcile.CHILD_INDEXES:
                 index[reconcile.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
         # Claims and serving pods are set by the tests that use them, and kept across syncs.
-        index.update({k: self.indices[k] for k in (reconcile.CLAIMS, reconcile.SERVICE_PODS)
-                      if k in self.indices})
+        index.update({k: self.indices[k] for k in (reconcile.CLAIMS, reconcile.SERVICE_PODS) if k in self.indices})
         self.indices.clear()
         self.indices.update(index)
         self.ctx_written_clear()
@@ -210,8 +271,9 @@ def test_first_rollout_applies_builds_children_and_status_once_each():
     world = World([_service()])
     writes = world.reconcile()
     kinds = sorted(kind for _, kind in writes if kind != "Event")
-    assert kinds == sorted(["EngineBuild", "Deployment", "Deployment", "Service",
-                            "PodDisruptionBudget", "InferenceService/status"])
+    assert kinds == sorted(
+        ["EngineBuild", "Deployment", "Deployment", "Service", "PodDisruptionBudget", "InferenceService/status"]
+    )
     assert world.api.events, "a first rollout reports its pool decisions as Events"
     deployments = [k for k in world.api.objects if k[0] == "Deployment"]
     assert {name for _, _, name in deployments} == {"llama-nvidia-h100-80gb-hbm3", "llama-cpu-amd64"}
@@ -312,11 +374,19 @@ def test_a_service_without_replicas_has_no_deployments():
 
 def _finish_job(world, job_name, succeeded=True):
     job = world.get("Job", job_name)
-    job["status"] = ({"succeeded": 1, "startTime": "2026-12-02T12:00:00Z",
-                      "completionTime": "2026-12-02T12:03:00Z",
-                      "conditions": [{"type": "Complete", "status": "True"}]} if succeeded else
-                     {"failed": 1, "conditions": [{"type": "Failed", "status": "True",
-                                                   "lastTransitionTime": "2026-12-02T12:01:00Z"}]})
+    job["status"] = (
+        {
+            "succeeded": 1,
+            "startTime": "2026-12-02T12:00:00Z",
+            "completionTime": "2026-12-02T12:03:00Z",
+            "conditions": [{"type": "Complete", "status": "True"}],
+        }
+        if succeeded
+        else {
+            "failed": 1,
+            "conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": "2026-12-02T12:01:00Z"}],
+        }
+    )
 
 
 def test_a_build_runs_one_job_per_attempt_even_before_the_watch_catches_up():
@@ -353,8 +423,7 @@ def test_a_finished_build_is_ready_and_the_pool_rolls_to_the_compiled_engine():
     assert world.get("EngineBuild", name)["status"]["state"] == "Ready"
     world.sync()
     world.reconcile()
-    args = world.get("Deployment", "llama-nvidia-h100-80gb-hbm3")["spec"]["template"]["spec"][
-        "containers"][0]["args"]
+    args = world.get("Deployment", "llama-nvidia-h100-80gb-hbm3")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--engine-dir" in args and f"/engines/{name}" in args
 
 
@@ -366,7 +435,7 @@ def test_a_failed_attempt_waits_out_its_backoff_before_the_next_job():
     world.reconcile_build(name)
     _finish_job(world, f"{name}-1", succeeded=False)
     world.sync()
-    failed_at = datetime.datetime(2026, 12, 2, 12, 1, tzinfo=datetime.timezone.utc)
+    failed_at = datetime.datetime(2026, 12, 2, 12, 1, tzinfo=datetime.UTC)
     writes, delay = world.reconcile_build(name, at=failed_at + datetime.timedelta(seconds=1))
     assert ("PATCH", "Job") not in writes
     assert delay is not None and delay > 0
@@ -388,8 +457,10 @@ def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
     writes, delay = world.reconcile_build(name)
     assert ("DELETE", "EngineBuild") not in writes
     assert delay == 60  # the retention: recorded when it was first seen unreferenced
-    assert world.get("EngineBuild", name)["metadata"]["annotations"][
-        reconcile.UNREFERENCED_ANNOTATION] == "2026-12-02T12:00:00Z"
+    assert (
+        world.get("EngineBuild", name)["metadata"]["annotations"][reconcile.UNREFERENCED_ANNOTATION]
+        == "2026-12-02T12:00:00Z"
+    )
     world.sync()
     writes, _ = world.reconcile_build(name, at=NOW + datetime.timedelta(seconds=61))
     assert ("DELETE", "EngineBuild") in writes
@@ -403,8 +474,11 @@ def test_a_node_that_joins_adds_a_pool_once_the_cluster_is_marked_changed():
     world = World([service])
     world.reconcile()
     world.sync()
-    amd = _node("mi300x-0", {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
-                             "amd.com/gpu.device-id": "74a1"}, {"amd.com/gpu": "8"})
+    amd = _node(
+        "mi300x-0",
+        {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.device-id": "74a1"},
+        {"amd.com/gpu": "8"},
+    )
     world.indices[reconcile.NODES]["mi300x-0"] = [amd]
     world.ctx.cluster_changed()
     world.reconcile()
@@ -527,7 +601,7 @@ def test_a_refused_job_is_reported_on_the_engine_build():
     world.reconcile()
     world.sync()
     name = world.build_name()
-    _refuse(world, "Job", "spec.template.spec.tolerations[0].key: Invalid value: \"bad key\"")
+    _refuse(world, "Job", 'spec.template.spec.tolerations[0].key: Invalid value: "bad key"')
     try:
         world.reconcile_build(name)
     except Exception as error:
@@ -546,11 +620,24 @@ def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
     world.sync()
     world.reconcile()
     world.sync()
-    pod = {"metadata": {"name": "llama-nvidia-h100-80gb-hbm3-abc", "namespace": "team-a",
-                        "labels": {reconcile.SERVICE_LABEL: "llama", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"}},
-           "status": {"phase": "Pending", "conditions": [
-               {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": "0/2 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
+    pod = {
+        "metadata": {
+            "name": "llama-nvidia-h100-80gb-hbm3-abc",
+            "namespace": "team-a",
+            "labels": {reconcile.SERVICE_LABEL: "llama", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"},
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/2 nodes are available: 1 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        },
+    }
     world.indices[reconcile.SERVICE_PODS] = {("team-a", "llama"): [pod]}
     world.reconcile()
     degraded = _degraded(world)

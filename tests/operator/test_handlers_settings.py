@@ -23,11 +23,12 @@ def test_namespaces_repeat_and_exclude_all_namespaces():
 
 
 def test_the_engine_cache_claim_and_retention_reach_the_planner_settings():
-    config = parse_args(["--engine-cache-claim", "engines", "--build-retention-seconds", "5",
-                         "--max-backoff-seconds", "2"], default_instance="x")
+    config = parse_args(
+        ["--engine-cache-claim", "engines", "--build-retention-seconds", "5", "--max-backoff-seconds", "2"],
+        default_instance="x",
+    )
     plan = config.plan_settings()
-    assert (plan.engine_cache_claim, plan.build_retention_seconds, plan.max_backoff_seconds) == \
-        ("engines", 5, 2)
+    assert (plan.engine_cache_claim, plan.build_retention_seconds, plan.max_backoff_seconds) == ("engines", 5, 2)
 
 
 def test_bad_error_delays_are_refused_with_a_message(capsys):
@@ -44,8 +45,7 @@ def test_peering_turns_on_mandatory_leader_election():
     assert settings.peering.clusterwide
 
     pinned = kopf.OperatorSettings()
-    apply_settings(pinned, parse_args(["--peering", "p", "--peering-priority", "7"],
-                                      default_instance="x"))
+    apply_settings(pinned, parse_args(["--peering", "p", "--peering-priority", "7"], default_instance="x"))
     assert pinned.peering.priority == 7
     assert settings.peering.priority >= 1, "replicas without a priority draw one, never tie at 0"
 
@@ -57,8 +57,7 @@ def test_peering_turns_on_mandatory_leader_election():
 def test_watches_of_children_jobs_and_pods_are_filtered_by_the_api_server():
     settings = kopf.OperatorSettings()
     apply_settings(settings, parse_args([], default_instance="x"))
-    selectors = {(s.group, s.plural or s.any_name): v
-                 for s, v in settings.watching.label_selectors.items()}
+    selectors = {(s.group, s.plural or s.any_name): v for s, v in settings.watching.label_selectors.items()}
     managed = "app.kubernetes.io/managed-by=inferfleet-operator"
     assert selectors[("apps", "deployments")] == managed
     assert selectors[("", "services")] == managed
@@ -78,23 +77,34 @@ def test_kopf_bookkeeping_stays_under_the_projects_prefix():
 def test_every_handler_registers():
     registry = kopf.OperatorRegistry()
     register(registry, parse_args([], default_instance="x"), Metrics())
-    resources = {h.selector.any_name if h.selector else None
-                 for h in registry._indexing.get_all_handlers()}
-    assert {"inferenceservices", "enginebuilds", "inferenceruntimes", "nodes", "deployments",
-            "services", "poddisruptionbudgets", "jobs", "pods", "persistentvolumeclaims"} <= resources
-    pod_indexes = {h.id for h in registry._indexing.get_all_handlers()
-                   if h.selector and h.selector.any_name == "pods"}
+    resources = {h.selector.any_name if h.selector else None for h in registry._indexing.get_all_handlers()}
+    assert {
+        "inferenceservices",
+        "enginebuilds",
+        "inferenceruntimes",
+        "nodes",
+        "deployments",
+        "services",
+        "poddisruptionbudgets",
+        "jobs",
+        "pods",
+        "persistentvolumeclaims",
+    } <= resources
+    pod_indexes = {h.id for h in registry._indexing.get_all_handlers() if h.selector and h.selector.any_name == "pods"}
     assert pod_indexes == {"pod_index", "service_pod_index"}
 
 
 def _kwok_node(heartbeat: str, **labels: str) -> dict:
-    return {"metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "amd64", **labels},
-                         "resourceVersion": heartbeat},
-            "spec": {"taints": [], "podCIDR": "10.0.0.0/24"},
-            "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
-                       "conditions": [{"type": "Ready", "status": "True",
-                                       "lastHeartbeatTime": heartbeat}],
-                       "images": [{"names": [heartbeat]}]}}
+    return {
+        "metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "amd64", **labels}, "resourceVersion": heartbeat},
+        "spec": {"taints": [], "podCIDR": "10.0.0.0/24"},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8"},
+            "capacity": {"nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": heartbeat}],
+            "images": [{"names": [heartbeat]}],
+        },
+    }
 
 
 def test_node_heartbeats_do_not_change_what_pools_are_made_of():
@@ -117,8 +127,14 @@ def test_node_labels_taints_capacity_and_readiness_do():
 
 
 def test_routing_and_autoscaling_flags_parse_and_bad_ones_are_refused_naming_the_flag(capsys):
-    config = parse_args(["--inference-pools=disabled", "--autoscale-seconds=5",
-                         "--scrape-url-template=http://127.0.0.1:9000/{namespace}/{pod}"], default_instance="x")
+    config = parse_args(
+        [
+            "--inference-pools=disabled",
+            "--autoscale-seconds=5",
+            "--scrape-url-template=http://127.0.0.1:9000/{namespace}/{pod}",
+        ],
+        default_instance="x",
+    )
     assert (config.inference_pools, config.autoscale_seconds) == ("disabled", 5.0)
     assert config.scrape_url_template == "http://127.0.0.1:9000/{namespace}/{pod}"
     assert parse_args([], default_instance="x").inference_pools == "auto"

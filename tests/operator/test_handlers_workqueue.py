@@ -102,13 +102,19 @@ def test_failures_retry_with_growing_delays_and_requeue_uses_its_own_delay():
             raise Requeue(0.15)
 
     async def go():
-        queue = WorkQueue(work, debounce=0.0, error_delays=(0.05, 0.2),
-                          on_error=lambda key, error: errors.append((key, type(error).__name__)))
+        queue = WorkQueue(
+            work,
+            debounce=0.0,
+            error_delays=(0.05, 0.2),
+            on_error=lambda key, error: errors.append((key, type(error).__name__)),
+        )
         queue.start()
         queue.enqueue("fail")
         queue.enqueue("wait")
-        await _until(lambda: len(times["fail"]) >= 3 and len(times["wait"]) >= 2 and queue.is_idle,
-                     "three runs of 'fail', two of 'wait'")
+        await _until(
+            lambda: len(times["fail"]) >= 3 and len(times["wait"]) >= 2 and queue.is_idle,
+            "three runs of 'fail', two of 'wait'",
+        )
         await queue.stop()
 
     asyncio.run(go())

@@ -19,10 +19,17 @@ def _deployment(replicas=2, cpu="2", extra_label=None):
     if extra_label:
         labels.update(extra_label)
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": "llama-nvidia-h100", "namespace": "team-a", "labels": labels},
-        "spec": {"replicas": replicas, "template": {"spec": {"containers": [
-            {"name": "runtime", "image": "runtime:1", "resources": {"limits": {"cpu": cpu}}}]}}},
+        "spec": {
+            "replicas": replicas,
+            "template": {
+                "spec": {
+                    "containers": [{"name": "runtime", "image": "runtime:1", "resources": {"limits": {"cpu": cpu}}}]
+                }
+            },
+        },
     }
 
 
@@ -53,25 +60,30 @@ def test_status_is_applied_to_the_status_subresource_with_only_identity_and_stat
         seen.append(request)
         return httpx.Response(200, json={"metadata": {"name": "llama"}})
 
-    service = {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-               "metadata": {"name": "llama", "namespace": "team-a", "uid": "u1",
-                            "labels": {"x": "y"}},
-               "spec": {"replicas": 3}}
+    service = {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "llama", "namespace": "team-a", "uid": "u1", "labels": {"x": "y"}},
+        "spec": {"replicas": 3},
+    }
     asyncio.run(_client(handler).apply_status(service, {"observedGeneration": 1}))
     (request,) = seen
-    assert request.url.path == \
-        "/apis/inferfleet.dev/v1alpha1/namespaces/team-a/inferenceservices/llama/status"
+    assert request.url.path == "/apis/inferfleet.dev/v1alpha1/namespaces/team-a/inferenceservices/llama/status"
     assert json.loads(request.content) == {
-        "apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
         "metadata": {"name": "llama", "namespace": "team-a"},
-        "status": {"observedGeneration": 1}}
+        "status": {"observedGeneration": 1},
+    }
 
 
 def test_cluster_scoped_and_core_paths():
     assert kube.resource_path("v1", "Node", None, "n1") == "/api/v1/nodes/n1"
     assert kube.resource_path("v1", "Service", "ns", "s") == "/api/v1/namespaces/ns/services/s"
-    assert kube.resource_path("inferfleet.dev/v1alpha1", "InferenceRuntime", "ignored", "paged") \
+    assert (
+        kube.resource_path("inferfleet.dev/v1alpha1", "InferenceRuntime", "ignored", "paged")
         == "/apis/inferfleet.dev/v1alpha1/inferenceruntimes/paged"
+    )
 
 
 def test_delete_sends_uid_precondition_and_reports_a_missing_object_as_false():
@@ -93,8 +105,7 @@ def test_delete_sends_uid_precondition_and_reports_a_missing_object_as_false():
 
 def test_refusals_raise_with_the_servers_message():
     def handler(request):
-        return httpx.Response(422, json={"reason": "Invalid",
-                                         "message": "spec.replicas: must be >= 0"})
+        return httpx.Response(422, json={"reason": "Invalid", "message": "spec.replicas: must be >= 0"})
 
     with pytest.raises(kube.ApiError) as raised:
         asyncio.run(_client(handler).apply(_deployment()))
@@ -110,18 +121,25 @@ def test_events_are_core_events_that_name_the_object():
         seen.append(request)
         return httpx.Response(201, json=json.loads(request.content))
 
-    service = {"apiVersion": "inferfleet.dev/v1alpha1", "kind": "InferenceService",
-               "metadata": {"name": "llama", "namespace": "team-a", "uid": "u1"}}
-    asyncio.run(_client(handler).post_event(service, type="Warning", reason="BuildFailed",
-                                            note="x" * 2000, action="Reconcile"))
+    service = {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "llama", "namespace": "team-a", "uid": "u1"},
+    }
+    asyncio.run(
+        _client(handler).post_event(service, type="Warning", reason="BuildFailed", note="x" * 2000, action="Reconcile")
+    )
     (request,) = seen
     body = json.loads(request.content)
     assert request.url.path == "/api/v1/namespaces/team-a/events"
-    assert body["involvedObject"] == {"apiVersion": "inferfleet.dev/v1alpha1",
-                                      "kind": "InferenceService", "name": "llama",
-                                      "namespace": "team-a", "uid": "u1"}
-    assert (body["type"], body["reason"], body["reportingInstance"]) == \
-        ("Warning", "BuildFailed", "op-0")
+    assert body["involvedObject"] == {
+        "apiVersion": "inferfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "name": "llama",
+        "namespace": "team-a",
+        "uid": "u1",
+    }
+    assert (body["type"], body["reason"], body["reportingInstance"]) == ("Warning", "BuildFailed", "op-0")
     assert len(body["message"]) == 1000
     assert body["firstTimestamp"].endswith("Z")
 
@@ -154,8 +172,9 @@ def _live(desired):
     live["spec"]["strategy"] = {"type": "RollingUpdate"}
     container = live["spec"]["template"]["spec"]["containers"][0]
     container["imagePullPolicy"] = "IfNotPresent"
-    container["resources"]["limits"]["cpu"] = "2000m" if container["resources"]["limits"]["cpu"] \
-        == "2" else container["resources"]["limits"]["cpu"]
+    container["resources"]["limits"]["cpu"] = (
+        "2000m" if container["resources"]["limits"]["cpu"] == "2" else container["resources"]["limits"]["cpu"]
+    )
     live["status"] = {"readyReplicas": 2}
     return live
 

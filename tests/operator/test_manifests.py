@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, node, service, with_state
+
 from inferfleet_operator import manifests as m
 from inferfleet_operator.builds import plan_build
 from inferfleet_operator.planner import plan_service
@@ -23,8 +23,16 @@ def _scenario() -> dict[str, dict]:
     # 16 H100 + 8 MI300X GPUs hold 24 replicas; cpu is allowed, so the CPU pool takes the 25th.
     svc = service(
         replicas=25,
-        model={"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "size": "20Gi", "credentialsSecret": "hf-token"},
-        placement={"vendors": ["nvidia", "amd", "cpu"], "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
+        model={
+            "name": "llama-3-8b",
+            "uri": "hf://meta-llama/Llama-3-8B",
+            "size": "20Gi",
+            "credentialsSecret": "hf-token",
+        },
+        placement={
+            "vendors": ["nvidia", "amd", "cpu"],
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        },
         engine={"maxContextLength": 8192, "maxBatchSize": 32},
         build={"deadlineSeconds": 3600, "resources": {"cpu": "4", "memory": "24Gi"}},
     )
@@ -66,10 +74,16 @@ DEPLOYMENTS = [v for k, v in sorted(SCENARIO.items()) if k.startswith("deploymen
 @pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=lambda d: d["metadata"]["name"])
 def test_serving_pods_are_restricted_probed_and_pinned(deployment):
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["seccompProfile"] == {
+        "type": "RuntimeDefault"
+    }
     for container in pod["containers"] + pod.get("initContainers", []):
         sc = container["securityContext"]
-        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+        assert (
+            sc["allowPrivilegeEscalation"] is False
+            and sc["capabilities"] == {"drop": ["ALL"]}
+            and sc["readOnlyRootFilesystem"] is True
+        )
     server = pod["containers"][0]
     assert server["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert server["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
@@ -84,13 +98,19 @@ def test_serving_pods_are_restricted_probed_and_pinned(deployment):
 def test_pool_with_a_common_product_label_is_pinned_by_it_else_by_node_names():
     nv = SCENARIO["deployment-llama-nvidia-h100-80gb-hbm3"]["spec"]["template"]["spec"]["affinity"]
     term = nv["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-    assert term == {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}
+    assert term == {
+        "matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]
+    }
     bare = [node("r1", {}, {"nvidia.com/gpu": "1"}), node("r2", {}, {"nvidia.com/gpu": "1"})]
     p = plan_service(service(runtime={"policy": "Paged"}), bare, RUNTIMES, {}, {}, NOW)
     dep = next(c for c in p.children if c["kind"] == "Deployment")
-    terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
     # One name per term: the API server refuses a matchFields In with more than one value.
-    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in ("r1", "r2")]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in ("r1", "r2")
+    ]
 
 
 def test_model_volume_follows_the_uri_scheme():
@@ -100,9 +120,13 @@ def test_model_volume_follows_the_uri_scheme():
     hf = SCENARIO["deployment-llama-amd-mi300x"]["spec"]["template"]["spec"]
     assert {"name": "model", "emptyDir": {"sizeLimit": "20Gi"}} in hf["volumes"]
     assert hf["initContainers"][0]["args"] == ["fetch", "--uri", "hf://meta-llama/Llama-3-8B", "--to", "/models/model"]
-    local = plan_service(service(model={"name": "x", "uri": "file:///srv/models/x"}), [cpu("c1")], RUNTIMES, {}, {}, NOW)
+    local = plan_service(
+        service(model={"name": "x", "uri": "file:///srv/models/x"}), [cpu("c1")], RUNTIMES, {}, {}, NOW
+    )
     dep = next(c for c in local.children if c["kind"] == "Deployment")
-    assert {"name": "model", "hostPath": {"path": "/srv/models/x", "type": "Directory"}} in dep["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "model", "hostPath": {"path": "/srv/models/x", "type": "Directory"}} in dep["spec"]["template"][
+        "spec"
+    ]["volumes"]
 
 
 def test_service_selects_every_pool_and_the_pdb_allows_one_disruption():
@@ -121,7 +145,9 @@ def test_long_names_are_bounded_and_distinct():
 
 
 def test_every_container_keeps_its_caches_on_the_writable_tmp_volume():
-    pods = [d["spec"]["template"]["spec"] for d in DEPLOYMENTS] + [v["spec"]["template"]["spec"] for k, v in SCENARIO.items() if k.startswith("job-")]
+    pods = [d["spec"]["template"]["spec"] for d in DEPLOYMENTS] + [
+        v["spec"]["template"]["spec"] for k, v in SCENARIO.items() if k.startswith("job-")
+    ]
     for pod in pods:
         for container in pod["containers"] + pod.get("initContainers", []):
             env = {e["name"]: e["value"] for e in container["env"]}
@@ -152,7 +178,9 @@ def test_model_size_limits_the_volume_and_is_requested_by_the_long_running_conta
     assert "ephemeral-storage" not in compiled["containers"][0]["resources"]["requests"]  # serves from the engine cache
     unsized = plan_service(service(), [mi300x("m1")], RUNTIMES, {}, {}, NOW)
     pod = next(c for c in unsized.children if c["kind"] == "Deployment")["spec"]["template"]["spec"]
-    assert {"name": "model", "emptyDir": {}} in pod["volumes"] and "ephemeral-storage" not in pod["containers"][0]["resources"]["requests"]
+    assert {"name": "model", "emptyDir": {}} in pod["volumes"] and "ephemeral-storage" not in pod["containers"][0][
+        "resources"
+    ]["requests"]
 
 
 def test_compile_job_takes_deadline_and_resources_from_the_service():
@@ -164,7 +192,10 @@ def test_compile_job_takes_deadline_and_resources_from_the_service():
 
 
 def test_gpu_pods_tolerate_their_gpu_resource_taint_unless_opted_out():
-    for name, resource in (("deployment-llama-amd-mi300x", "amd.com/gpu"), ("deployment-llama-nvidia-h100-80gb-hbm3", "nvidia.com/gpu")):
+    for name, resource in (
+        ("deployment-llama-amd-mi300x", "amd.com/gpu"),
+        ("deployment-llama-nvidia-h100-80gb-hbm3", "nvidia.com/gpu"),
+    ):
         assert {"key": resource, "operator": "Exists"} in SCENARIO[name]["spec"]["template"]["spec"]["tolerations"]
     cpu_tolerations = SCENARIO["deployment-llama-cpu-amd64"]["spec"]["template"]["spec"]["tolerations"]
     assert cpu_tolerations == [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]

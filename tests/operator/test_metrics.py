@@ -8,13 +8,24 @@ from inferfleet_operator.metrics import Metrics
 
 
 def _service(status: str, reason: str) -> dict:
-    return {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllPoolsReady"},
-                                      {"type": "Degraded", "status": status, "reason": reason}]}}
+    return {
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "AllPoolsReady"},
+                {"type": "Degraded", "status": status, "reason": reason},
+            ]
+        }
+    }
 
 
 def test_degraded_services_are_counted_by_reason_when_scraped():
-    services = [_service("True", "ApplyFailed"), _service("True", "ApplyFailed"),
-                _service("True", "ClaimNotFound"), _service("False", "AsPlanned"), {}]
+    services = [
+        _service("True", "ApplyFailed"),
+        _service("True", "ApplyFailed"),
+        _service("True", "ClaimNotFound"),
+        _service("False", "AsPlanned"),
+        {},
+    ]
     metrics = Metrics()
     metrics.watch_degraded(lambda: services)
     text = generate_latest(metrics.registry).decode()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from planning_data import fixture_node, node
+
 from inferfleet_operator.nodes import classify_node, parse_cpu_millis
 
 # fixture -> (vendor, product, architecture, gpu_count, gpu_resource, eligible, reason prefix)
@@ -34,7 +34,13 @@ EXPECTED = {
 def test_fixture_node_is_classified_from_its_signals(name):
     info = classify_node(fixture_node(name))
     vendor, product, arch, count, resource, eligible, reason = EXPECTED[name]
-    assert (info.vendor, info.product, info.architecture, info.gpu_count, info.gpu_resource) == (vendor, product, arch, count, resource)
+    assert (info.vendor, info.product, info.architecture, info.gpu_count, info.gpu_resource) == (
+        vendor,
+        product,
+        arch,
+        count,
+        resource,
+    )
     assert info.is_eligible is eligible
     assert info.excluded_reason.startswith(reason) and bool(info.excluded_reason) is (not eligible)
 
@@ -51,13 +57,28 @@ def test_label_only_node_names_the_missing_resource_in_its_reason():
 
 
 def test_compute_capability_labels_win_over_the_product_table():
-    info = classify_node(node("n", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.compute.major": "8", "nvidia.com/gpu.compute.minor": "9"}, {"nvidia.com/gpu": "1"}))
+    info = classify_node(
+        node(
+            "n",
+            {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/gpu.compute.major": "8",
+                "nvidia.com/gpu.compute.minor": "9",
+            },
+            {"nvidia.com/gpu": "1"},
+        )
+    )
     assert info.architecture == "sm89"
 
 
 @pytest.mark.parametrize(
     "product, arch",
-    [("AMD_Instinct_MI300X_OAM", "gfx942"), ("AMD Instinct MI250", "gfx90a"), ("Instinct-MI100", "gfx908"), ("AMD_Instinct_MI325X", "gfx942")],
+    [
+        ("AMD_Instinct_MI300X_OAM", "gfx942"),
+        ("AMD Instinct MI250", "gfx90a"),
+        ("Instinct-MI100", "gfx908"),
+        ("AMD_Instinct_MI325X", "gfx942"),
+    ],
 )
 def test_amd_product_names_map_to_gfx_architectures(product, arch):
     info = classify_node(node("n", {"amd.com/gpu.product-name": product}, {"amd.com/gpu": "8"}))
@@ -79,7 +100,9 @@ def test_beta_amd_labels_classify_like_amd_labels(labels):
 
 
 def test_amd_labels_win_over_beta_labels():
-    info = classify_node(node("n", {"amd.com/gpu.device-id": "740c", "beta.amd.com/gpu.device-id.74a1": "8"}, {"amd.com/gpu": "8"}))
+    info = classify_node(
+        node("n", {"amd.com/gpu.device-id": "740c", "beta.amd.com/gpu.device-id.74a1": "8"}, {"amd.com/gpu": "8"})
+    )
     assert info.product == "mi250x"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planning_data import NOW, RUNTIMES, h100, service
+
 from inferfleet_operator.builds import plan_build
 from inferfleet_operator.permissions import PERMISSIONS
 from inferfleet_operator.planner import plan_service
@@ -51,14 +52,18 @@ def test_pods_and_claims_are_only_read_and_secrets_never():
 
 
 def test_inference_pools_are_granted_only_by_the_routing_rules_and_pods_can_be_listed_for_autoscaling():
-    from inferfleet_operator.api import parse_service
+    from inferfleet_operator.api import DEFAULT_SETTINGS, parse_service
     from inferfleet_operator.permissions import ROUTING_PERMISSIONS
-    from inferfleet_operator.routing import inference_pool_for, POOL_GROUP
-    from inferfleet_operator.api import DEFAULT_SETTINGS
+    from inferfleet_operator.routing import POOL_GROUP, inference_pool_for
 
     pool = inference_pool_for(parse_service(service()), DEFAULT_SETTINGS)
     assert pool["apiVersion"].split("/")[0] == POOL_GROUP
     assert verbs_for(POOL_GROUP, "inferencepools") == set()
-    routing_verbs = {v for r in ROUTING_PERMISSIONS if POOL_GROUP in r["apiGroups"] and "inferencepools" in r["resources"] for v in r["verbs"]}
+    routing_verbs = {
+        v
+        for r in ROUTING_PERMISSIONS
+        if POOL_GROUP in r["apiGroups"] and "inferencepools" in r["resources"]
+        for v in r["verbs"]
+    }
     assert {"get", "create", "patch", "delete"} <= routing_verbs
     assert "list" in verbs_for("", "pods")

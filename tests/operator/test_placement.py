@@ -5,9 +5,9 @@ per-node exclusions listed in status; no engine build for a pool given no replic
 from __future__ import annotations
 
 import pytest
-
 from crd_eval import load_schema, schema_errors
 from planning_data import NOW, RUNTIMES, cpu, h100, intel_max, mi300x, runtime, service, with_state
+
 from inferfleet_operator.planner import plan_service
 
 NV = "nvidia-h100-80gb-hbm3"
@@ -62,16 +62,23 @@ def test_replicas_split_accelerators_first(case):
     assert split(p) == want
     assert p.status["unplacedReplicas"] == unplaced
     assert excluded(p) == want_excluded
-    assert {c["metadata"]["name"] for c in p.children if c["kind"] == "Deployment"} == {f"llama-{name}" for name in want}
+    assert {c["metadata"]["name"] for c in p.children if c["kind"] == "Deployment"} == {
+        f"llama-{name}" for name in want
+    }
 
 
 def test_gpu_taints_of_the_pools_resource_are_tolerated_with_any_effect():
     for effect in ("NoSchedule", "NoExecute"):
-        nodes = [h100("h1", taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": effect}]), mi300x("m1", taints=[{"key": "amd.com/gpu", "effect": effect}])]
+        nodes = [
+            h100("h1", taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": effect}]),
+            mi300x("m1", taints=[{"key": "amd.com/gpu", "effect": effect}]),
+        ]
         p = plan(service(replicas=2), nodes)
         assert split(p) == {NV: 1, "amd-mi300x": 1} and p.status["excludedPools"] == []
         build = p.engine_builds[0]
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "value": "", "effect": ""} in build["spec"]["placement"]["tolerations"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "value": "", "effect": ""} in build["spec"]["placement"][
+            "tolerations"
+        ]
 
 
 def test_another_vendors_gpu_taint_is_not_tolerated():
@@ -88,11 +95,19 @@ def test_opting_out_of_gpu_taint_toleration_excludes_tainted_nodes():
 
 
 def test_nodes_left_out_of_a_partly_eligible_pool_are_listed_in_status():
-    nodes = [h100("h1"), h100("h2", ready=False), h100("h3", taints=TAINTED), h100("h4", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])]
+    nodes = [
+        h100("h1"),
+        h100("h2", ready=False),
+        h100("h3", taints=TAINTED),
+        h100("h4", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+    ]
     p = plan(service(replicas=2, runtime={"policy": "Paged"}), nodes)
     (entry,) = p.status["pools"]
     assert entry["nodes"] == 2 and entry["excludedNodeCount"] == 2
-    assert [(n["name"], n["reason"]) for n in entry["excludedNodes"]] == [("h2", "NotReady"), ("h3", "TaintNotTolerated")]
+    assert [(n["name"], n["reason"]) for n in entry["excludedNodes"]] == [
+        ("h2", "NotReady"),
+        ("h3", "TaintNotTolerated"),
+    ]
     assert "dedicated=ml:NoSchedule" in entry["excludedNodes"][1]["message"]
     assert schema_errors(p.status, load_schema("inferenceservices.yaml")["properties"]["status"]) == []
 
@@ -113,7 +128,11 @@ def _limits(p) -> dict:
 def test_a_runtime_asking_for_a_resource_the_nodes_lack_is_not_chosen():
     p = plan(service(replicas=1), [intel_max("i1")], [XE_ONLY])
     (x,) = p.status["excludedPools"]
-    assert x["reason"].startswith("NoMatchingRuntime") and "paged-xe requests gpu.intel.com/xe" in x["reason"] and "gpu.intel.com/i915" in x["reason"]
+    assert (
+        x["reason"].startswith("NoMatchingRuntime")
+        and "paged-xe requests gpu.intel.com/xe" in x["reason"]
+        and "gpu.intel.com/i915" in x["reason"]
+    )
     assert not [c for c in p.children if c["kind"] == "Deployment"]
     chosen = plan(service(replicas=1), [intel_max("i1")], [XE_ONLY, I915])
     assert chosen.status["pools"][0]["runtime"] == "paged-i915" and _limits(chosen)["gpu.intel.com/i915"] == "1"
@@ -126,9 +145,19 @@ def test_a_runtime_without_a_gpu_resource_requests_what_the_nodes_advertise():
 
 
 def test_nodes_without_the_chosen_resource_are_left_out_of_the_pool():
-    p = plan(service(replicas=1), [intel_max("a", "gpu.intel.com/xe"), intel_max("b", "gpu.intel.com/i915"), intel_max("c", "gpu.intel.com/i915")], [FROM_NODE])
+    p = plan(
+        service(replicas=1),
+        [
+            intel_max("a", "gpu.intel.com/xe"),
+            intel_max("b", "gpu.intel.com/i915"),
+            intel_max("c", "gpu.intel.com/i915"),
+        ],
+        [FROM_NODE],
+    )
     (entry,) = p.status["pools"]
-    assert entry["nodes"] == 2 and [(n["name"], n["reason"]) for n in entry["excludedNodes"]] == [("a", "GPUResourceMissing")]
+    assert entry["nodes"] == 2 and [(n["name"], n["reason"]) for n in entry["excludedNodes"]] == [
+        ("a", "GPUResourceMissing")
+    ]
     assert _limits(p)["gpu.intel.com/i915"] == "1"
 
 
@@ -137,7 +166,11 @@ def test_a_compiled_pool_given_no_replicas_gets_no_engine_build():
     p = plan(svc, [h100("h1"), mi300x("m1")])
     assert p.engine_builds == []
     nv = next(e for e in p.status["pools"] if e["name"] == NV)
-    assert (nv["reason"], nv["servingEngine"], nv["desiredReplicas"]) == ("NoReplicasAssigned", "None", 0) and "engineBuild" not in nv
+    assert (nv["reason"], nv["servingEngine"], nv["desiredReplicas"]) == (
+        "NoReplicasAssigned",
+        "None",
+        0,
+    ) and "engineBuild" not in nv
     given = plan(service(replicas=2, pools=[{"name": "amd-mi300x", "replicas": 1}]), [h100("h1"), mi300x("m1")])
     assert len(given.engine_builds) == 1
 
@@ -146,14 +179,21 @@ def test_credentials_size_and_build_settings_leave_the_engine_key_alone():
     plain = plan(service(replicas=1), [h100("h1")])
     dressed = plan(service(replicas=1, model={"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "credentialsSecret": "hf", "size": "16Gi"},
                            build={"deadlineSeconds": 600, "resources": {"cpu": "8", "memory": "64Gi"}}), [h100("h1")])  # fmt: skip
-    assert [b["metadata"]["name"] for b in plain.engine_builds] == [b["metadata"]["name"] for b in dressed.engine_builds]
-    assert dressed.engine_builds[0]["spec"]["credentialsSecret"] == "hf" and dressed.engine_builds[0]["spec"]["deadlineSeconds"] == 600
+    assert [b["metadata"]["name"] for b in plain.engine_builds] == [
+        b["metadata"]["name"] for b in dressed.engine_builds
+    ]
+    assert (
+        dressed.engine_builds[0]["spec"]["credentialsSecret"] == "hf"
+        and dressed.engine_builds[0]["spec"]["deadlineSeconds"] == 600
+    )
 
 
 def test_an_unshared_build_takes_the_services_new_build_settings_a_shared_one_keeps_its_own():
     first = plan(service(replicas=1), [h100("h1")])
     existing = with_state(first.engine_builds[0], "Failed")
-    fixed = service(replicas=1, model={"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "credentialsSecret": "hf-token"})
+    fixed = service(
+        replicas=1, model={"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "credentialsSecret": "hf-token"}
+    )
     again = plan(fixed, [h100("h1")], builds={existing["metadata"]["name"]: existing})
     assert again.engine_builds[0]["spec"]["credentialsSecret"] == "hf-token"
     existing["metadata"]["labels"]["ref.inferfleet.dev/other"] = "true"
@@ -170,6 +210,9 @@ def test_a_compiled_pool_keeps_only_a_paged_companion_that_requests_the_same_res
     (entry,) = p.status["pools"]
     assert entry["runtime"] == "aot-xe" and "paged companion paged-xpu" in entry["choiceReason"]
     assert entry["servingRuntime"] == "paged-xpu" and _limits(p)["gpu.intel.com/xe"] == "1"
-    assert [(n["name"], n["reason"]) for n in entry["excludedNodes"]] == [("i1", "GPUResourceMissing"), ("i2", "GPUResourceMissing")]
+    assert [(n["name"], n["reason"]) for n in entry["excludedNodes"]] == [
+        ("i1", "GPUResourceMissing"),
+        ("i2", "GPUResourceMissing"),
+    ]
     alone = plan(service(replicas=1), nodes, [compiled, I915])
     assert "no Paged runtime for bridge or fallback" in alone.status["pools"][0]["choiceReason"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
 from crd_eval import admit, load_schema, schema_errors
 from planning_data import NOW, RUNTIMES, cpu, deployment_as_read, h100, mi300x, service, with_state
+
 from inferfleet_operator.api import PlanSettings, SpecError
 from inferfleet_operator.planner import ENGINE_KEY_ANNOTATION, plan_service
 
@@ -42,13 +42,25 @@ def key_of(p) -> str:
 def test_first_plan_builds_an_engine_and_bridges_the_nvidia_pool_with_paged():
     p = plan(service(replicas=4))
     children = kinds(p)
-    assert set(children) == {f"Deployment/{NV}", "Deployment/llama-amd-mi300x", "Service/llama", "PodDisruptionBudget/llama"}
+    assert set(children) == {
+        f"Deployment/{NV}",
+        "Deployment/llama-amd-mi300x",
+        "Service/llama",
+        "PodDisruptionBudget/llama",
+    }
     excluded = {x["name"]: x["reason"] for x in p.status["excludedPools"]}
-    assert excluded["cpu-amd64"].startswith("CPUNotRequested: accelerator pool(s) amd-mi300x, nvidia-h100-80gb-hbm3 serve")
+    assert excluded["cpu-amd64"].startswith(
+        "CPUNotRequested: accelerator pool(s) amd-mi300x, nvidia-h100-80gb-hbm3 serve"
+    )
     nv = children[f"Deployment/{NV}"]
     assert args(nv)[:2] == ["serve", "--model"] and nv["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == ""
     entry = pool(p, "nvidia-h100-80gb-hbm3")
-    assert (entry["engine"], entry["servingEngine"], entry["reason"], entry["buildState"]) == ("Compiled", "Paged", "BridgingWithPaged", "Pending")
+    assert (entry["engine"], entry["servingEngine"], entry["reason"], entry["buildState"]) == (
+        "Compiled",
+        "Paged",
+        "BridgingWithPaged",
+        "Pending",
+    )
     (build,) = p.engine_builds
     assert build["kind"] == "EngineBuild" and build["metadata"]["name"] == entry["engineBuild"]
     assert build["spec"]["architecture"] == "sm90" and build["spec"]["placement"]["nodeNames"] == ["h1", "h2"]
@@ -60,7 +72,12 @@ def test_children_are_owned_by_the_service_and_builds_are_not():
     p = plan()
     for child in p.children:
         (ref,) = child["metadata"]["ownerReferences"]
-        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("InferenceService", "llama", "uid-llama", True)
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "InferenceService",
+            "llama",
+            "uid-llama",
+            True,
+        )
     assert "ownerReferences" not in p.engine_builds[0]["metadata"]
 
 
@@ -79,7 +96,10 @@ def test_ready_build_switches_the_pool_to_its_compiled_engine():
 
 def test_engine_cache_claim_comes_from_operator_settings():
     first = plan()
-    p = plan(builds={key_of(first): with_state(first.engine_builds[0], "Ready")}, settings=PlanSettings(engine_cache_claim="fast-cache"))
+    p = plan(
+        builds={key_of(first): with_state(first.engine_builds[0], "Ready")},
+        settings=PlanSettings(engine_cache_claim="fast-cache"),
+    )
     volumes = {v["name"]: v for v in kinds(p)[f"Deployment/{NV}"]["spec"]["template"]["spec"]["volumes"]}
     assert volumes["engines"]["persistentVolumeClaim"]["claimName"] == "fast-cache"
 
@@ -88,7 +108,11 @@ def test_without_bridge_the_pool_waits_with_no_deployment():
     p = plan(service(runtime={"bridge": False}))
     assert f"Deployment/{NV}" not in kinds(p)
     entry = pool(p, "nvidia-h100-80gb-hbm3")
-    assert entry["reason"] == "WaitingForEngineBuild" and entry["servingEngine"] == "None" and entry["desiredReplicas"] == 1
+    assert (
+        entry["reason"] == "WaitingForEngineBuild"
+        and entry["servingEngine"] == "None"
+        and entry["desiredReplicas"] == 1
+    )
 
 
 def test_failed_build_falls_back_to_paged_and_degrades():
@@ -97,7 +121,9 @@ def test_failed_build_falls_back_to_paged_and_degrades():
     assert args(kinds(p)[f"Deployment/{NV}"])[:2] == ["serve", "--model"]
     assert pool(p, "nvidia-h100-80gb-hbm3")["reason"] == "FallbackToPaged"
     degraded = cond(p, "Degraded")
-    assert (degraded["status"], degraded["reason"]) == ("True", "BuildFailed") and "nvidia-h100-80gb-hbm3" in degraded["message"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "BuildFailed") and "nvidia-h100-80gb-hbm3" in degraded[
+        "message"
+    ]
     assert any(e.type == "Warning" and e.reason == "FallbackToPaged" for e in p.events)
 
 
@@ -125,7 +151,11 @@ def test_envelope_change_keeps_the_old_engine_serving_until_the_new_build_is_rea
     nv = kinds(during)[f"Deployment/{NV}"]
     assert nv["metadata"]["annotations"][ENGINE_KEY_ANNOTATION] == old_key
     entry = pool(during, "nvidia-h100-80gb-hbm3")
-    assert (entry["reason"], entry["servingEngineBuild"], entry["engineBuild"]) == ("ServingPreviousEngine", old_key, new_key)
+    assert (entry["reason"], entry["servingEngineBuild"], entry["engineBuild"]) == (
+        "ServingPreviousEngine",
+        old_key,
+        new_key,
+    )
 
     new_build = next(b for b in during.engine_builds if b["metadata"]["name"] == new_key)
     failed = plan(changed, builds=builds | {new_key: with_state(new_build, "Failed")}, deployments=deployments)
@@ -146,7 +176,11 @@ def test_resync_with_unchanged_inputs_gives_the_same_status_and_no_events():
 def test_last_transition_time_moves_only_for_conditions_that_flip():
     first = plan()
     later = NOW + timedelta(minutes=5)
-    ready_deps = {c["metadata"]["name"]: deployment_as_read(c, ready=c["spec"]["replicas"]) for c in first.children if c["kind"] == "Deployment"}
+    ready_deps = {
+        c["metadata"]["name"]: deployment_as_read(c, ready=c["spec"]["replicas"])
+        for c in first.children
+        if c["kind"] == "Deployment"
+    }
     p = plan(service(status=first.status), deployments=ready_deps, now=later)
     assert cond(p, "Ready")["status"] == "True" and cond(p, "Ready")["lastTransitionTime"] == "2026-01-01T12:05:00Z"
     assert cond(p, "Degraded")["lastTransitionTime"] == "2026-01-01T12:00:00Z"
@@ -170,31 +204,53 @@ def test_node_selector_and_untolerated_taints_exclude_pools_with_reasons():
     p = plan(service(placement={"nodeSelector": {"kubernetes.io/arch": "amd64"}}), nodes=nodes)
     reasons = {x["name"]: x["reason"] for x in p.status["excludedPools"]}
     assert "taint dedicated=ml:NoSchedule not in placement.tolerations" in reasons["nvidia-h100-80gb-hbm3"]
-    tolerated = plan(service(replicas=3, placement={"tolerations": [{"key": "dedicated", "operator": "Exists"}]}), nodes=nodes)
+    tolerated = plan(
+        service(replicas=3, placement={"tolerations": [{"key": "dedicated", "operator": "Exists"}]}), nodes=nodes
+    )
     assert "nvidia-h100-80gb-hbm3" in [e["name"] for e in tolerated.status["pools"]]
     nv = kinds(tolerated)[f"Deployment/{NV}"]
-    assert nv["spec"]["template"]["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert nv["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "dedicated", "operator": "Exists"},
+        {"key": "nvidia.com/gpu", "operator": "Exists"},
+    ]
     selected = plan(service(placement={"nodeSelector": {"zone": "b"}}))
     assert selected.status["pools"] == [] and cond(selected, "Ready")["reason"] == "NoEligiblePools"
     assert "label zone=b (placement.nodeSelector) missing" in cond(selected, "Ready")["message"]
 
 
 def test_per_pool_overrides_are_honoured():
-    svc = service(replicas=5, pools=[{"name": "cpu-amd64", "replicas": 0}, {"name": "amd-mi300x", "replicas": 1}], placement={"vendors": ["nvidia", "amd", "cpu"]})
+    svc = service(
+        replicas=5,
+        pools=[{"name": "cpu-amd64", "replicas": 0}, {"name": "amd-mi300x", "replicas": 1}],
+        placement={"vendors": ["nvidia", "amd", "cpu"]},
+    )
     desired = {e["name"]: e["desiredReplicas"] for e in plan(svc).status["pools"]}
     assert desired == {"amd-mi300x": 1, "cpu-amd64": 0, "nvidia-h100-80gb-hbm3": 4}
     assert "Deployment/llama-cpu-amd64" not in kinds(plan(svc))
 
 
 def test_replicas_beyond_capacity_degrade_the_service():
-    p = plan(service(replicas=30, resources={"gpusPerReplica": 8}, engine={"tensorParallelSize": 8}), nodes=[h100("h1")])
+    p = plan(
+        service(replicas=30, resources={"gpusPerReplica": 8}, engine={"tensorParallelSize": 8}), nodes=[h100("h1")]
+    )
     assert p.status["unplacedReplicas"] == 29 and cond(p, "Degraded")["reason"] == "InsufficientCapacity"
 
 
 def test_gpu_resource_and_count_are_in_the_container_limits():
     # 16 H100 and 8 MI300X GPUs hold 12 two-GPU replicas; the 13th goes to the CPU pool, which is allowed.
-    p = plan(service(replicas=13, resources={"gpusPerReplica": 2}, engine={"tensorParallelSize": 2}, placement={"vendors": ["nvidia", "amd", "cpu"]}))
-    limits = {n: c["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] for n, c in kinds(p).items() if n.startswith("Deployment/")}
+    p = plan(
+        service(
+            replicas=13,
+            resources={"gpusPerReplica": 2},
+            engine={"tensorParallelSize": 2},
+            placement={"vendors": ["nvidia", "amd", "cpu"]},
+        )
+    )
+    limits = {
+        n: c["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        for n, c in kinds(p).items()
+        if n.startswith("Deployment/")
+    }
     assert limits[f"Deployment/{NV}"]["nvidia.com/gpu"] == "2"
     assert limits["Deployment/llama-amd-mi300x"]["amd.com/gpu"] == "2"
     assert set(limits["Deployment/llama-cpu-amd64"]) == {"memory"}
@@ -238,7 +294,11 @@ def test_events_name_each_changed_pool_once_per_reason_and_readiness_in_one_even
     assert reasons.count("ServingPaged") == 1, reasons  # three pools, one Event
     paged = next(e for e in first.events if e.reason == "ServingPaged")
     assert all(p["name"] in paged.message for p in first.status["pools"] if p["reason"] == "ServingPaged")
-    ready_deps = {c["metadata"]["name"]: deployment_as_read(c, ready=c["spec"]["replicas"]) for c in first.children if c["kind"] == "Deployment"}
+    ready_deps = {
+        c["metadata"]["name"]: deployment_as_read(c, ready=c["spec"]["replicas"])
+        for c in first.children
+        if c["kind"] == "Deployment"
+    }
     ready = plan(service(runtime={"policy": "Paged"}, status=first.status), deployments=ready_deps)
     assert [(e.type, e.reason) for e in ready.events] == [("Normal", "AllPoolsReady")]
     assert "Ready is True" in ready.events[0].message and "RolledOut is True" in ready.events[0].message

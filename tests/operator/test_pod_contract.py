@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from planning_data import NOW, RUNTIMES, cpu, h100, service, with_state
+
 from inferfleet_operator.builds import plan_build
 from inferfleet_operator.planner import plan_service
 
@@ -36,9 +36,13 @@ READY_SECONDS = 120
 def _render() -> dict[str, dict]:
     """-> {"paged": cpu-pool server container, "compiled": h100-pool server container, "compile": Job container,
     "key": engine key}."""
-    svc = service("demo", model={"name": SERVED_NAME, "uri": "pvc://models/demo"}, replicas=9,
-                  placement={"vendors": ["nvidia", "cpu"]},  # the H100 takes 8, the CPU pool the ninth
-                  engine={"maxContextLength": 64, "maxBatchSize": 1, "dtype": "float32"})
+    svc = service(
+        "demo",
+        model={"name": SERVED_NAME, "uri": "pvc://models/demo"},
+        replicas=9,
+        placement={"vendors": ["nvidia", "cpu"]},  # the H100 takes 8, the CPU pool the ninth
+        engine={"maxContextLength": 64, "maxBatchSize": 1, "dtype": "float32"},
+    )
     nodes = [h100("h1"), cpu("c1")]
     first = plan_service(svc, nodes, RUNTIMES, {}, {}, NOW)
     [build] = first.engine_builds
@@ -53,8 +57,12 @@ def _render() -> dict[str, dict]:
         return container
 
     [compile_container] = job["spec"]["template"]["spec"]["containers"]
-    return {"paged": server("demo-cpu-amd64"), "compiled": server("demo-nvidia-h100-80gb-hbm3"),
-            "compile": compile_container, "key": key}
+    return {
+        "paged": server("demo-cpu-amd64"),
+        "compiled": server("demo-nvidia-h100-80gb-hbm3"),
+        "compile": compile_container,
+        "key": key,
+    }
 
 
 RENDERED = _render()
@@ -67,14 +75,14 @@ class Pod:
         self.mounts = {"/models": root / "models", "/engines": root / "engines", "/tmp": root / "tmp"}
         for path in self.mounts.values():
             path.mkdir(parents=True, exist_ok=True)
-        (self.mounts["/models"] / "demo").symlink_to(model_dir)   # the PVC's "demo" subpath
+        (self.mounts["/models"] / "demo").symlink_to(model_dir)  # the PVC's "demo" subpath
         self.port = _free_port()
         self.log = root / "log.txt"
 
     def remap(self, value: str) -> str:
         for mount, local in self.mounts.items():
             if value == mount or value.startswith(mount + "/"):
-                return str(local) + value[len(mount):]
+                return str(local) + value[len(mount) :]
         return value
 
     def argv(self, container: dict, substitutions: dict[str, tuple[str, str]] | None = None) -> list[str]:
@@ -91,14 +99,19 @@ class Pod:
 
     def env(self, container: dict) -> dict[str, str]:
         env = dict(os.environ)
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"   # the image's entry point
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the image's entry point
         env.update({item["name"]: self.remap(item["value"]) for item in container.get("env", [])})
         return env
 
     def start(self, container: dict, substitutions: dict[str, tuple[str, str]] | None = None) -> subprocess.Popen:
         with open(self.log, "ab") as log:
-            return subprocess.Popen(self.argv(container, substitutions), env=self.env(container), stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=self.mounts["/tmp"])
+            return subprocess.Popen(
+                self.argv(container, substitutions),
+                env=self.env(container),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.mounts["/tmp"],
+            )
 
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
@@ -117,7 +130,7 @@ def _container_port(container: dict, name: str = "http") -> int:
 def _probe_url(pod: Pod, container: dict, probe: str) -> str:
     get = container[probe]["httpGet"]
     port = get["port"]
-    assert port == "http" or int(port) == _container_port(container)      # the named port is the served one
+    assert port == "http" or int(port) == _container_port(container)  # the named port is the served one
     return f"http://127.0.0.1:{pod.port}{get['path']}"
 
 
@@ -131,7 +144,9 @@ def _wait_ready(pod: Pod, container: dict, process: subprocess.Popen) -> None:
                 return
         except httpx.HTTPError:
             pass
-        assert time.monotonic() < deadline, f"readiness probe {url} not passing after {READY_SECONDS}s:\n{pod.log_tail()}"
+        assert time.monotonic() < deadline, (
+            f"readiness probe {url} not passing after {READY_SECONDS}s:\n{pod.log_tail()}"
+        )
         time.sleep(0.5)
 
 
@@ -157,9 +172,17 @@ def _check_serves(pod: Pod, container: dict, process: subprocess.Popen) -> None:
     assert name == SERVED_NAME
     models = httpx.get(f"http://127.0.0.1:{pod.port}/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == [name]
-    response = httpx.post(f"http://127.0.0.1:{pod.port}/v1/completions", timeout=60,
-                          json={"model": name, "prompt": "Beautiful is better than", "max_tokens": 4,
-                                "temperature": 0, "ignore_eos": True})
+    response = httpx.post(
+        f"http://127.0.0.1:{pod.port}/v1/completions",
+        timeout=60,
+        json={
+            "model": name,
+            "prompt": "Beautiful is better than",
+            "max_tokens": 4,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["text"].strip()
@@ -187,8 +210,7 @@ def test_compile_job_builds_an_engine_that_the_compiled_serving_pod_serves(demo_
     pod = Pod(tmp_path, demo_model_dir)
     here = device_architecture(torch.device("cpu"))
     argv = pod.argv(job, {"--backend": ("tensorrt", "aotinductor"), "--target-architecture": ("sm90", here)})
-    done = subprocess.run(argv, env=pod.env(job), capture_output=True, text=True, timeout=600,
-                          cwd=pod.mounts["/tmp"])
+    done = subprocess.run(argv, env=pod.env(job), capture_output=True, text=True, timeout=600, cwd=pod.mounts["/tmp"])
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith(f"built engine={key} ")
     engine_dir = pod.mounts["/engines"] / key

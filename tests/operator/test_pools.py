@@ -6,6 +6,7 @@ import random
 import re
 
 from planning_data import cpu, h100, mi300x, node
+
 from inferfleet_operator.pools import MAX_POOL_NAME, group_pools, pool_name
 
 
@@ -54,7 +55,9 @@ def test_long_product_names_are_cut_with_a_hash_and_stay_dns_safe():
 
 
 def test_identical_mi300x_labelled_by_either_amd_scheme_share_one_pool():
-    beta = node("beta", {"beta.amd.com/gpu.device-id.74a1": "8", "beta.amd.com/gpu.family.AI": "8"}, {"amd.com/gpu": "8"})
+    beta = node(
+        "beta", {"beta.amd.com/gpu.device-id.74a1": "8", "beta.amd.com/gpu.family.AI": "8"}, {"amd.com/gpu": "8"}
+    )
     (pool,) = group_pools([mi300x("m1"), beta])
     assert (pool.name, pool.node_names, pool.architecture) == ("amd-mi300x", ("beta", "m1"), "gfx942")
     assert pool.pool_label is None  # pinned by node name: the beta node lacks the amd.com label

@@ -7,8 +7,8 @@ import dataclasses
 import datetime
 
 import httpx
-
 from test_handlers_reconcile import NOW, World, _service
+
 from inferfleet_operator import reconcile
 
 
@@ -38,8 +38,14 @@ def test_inference_pool_appears_once_the_crd_is_served_and_is_repaired_after_an_
     world.api.serves_pools = True
     _reconcile(world)
     pool = world.get("InferencePool", "llama")
-    assert pool["spec"]["selector"]["matchLabels"] == {"inferfleet.dev/service": "llama", "app.kubernetes.io/component": "server"}
-    assert world.get("InferenceService", "llama")["status"]["routing"]["pools"] == ["cpu-amd64", "nvidia-h100-80gb-hbm3"]
+    assert pool["spec"]["selector"]["matchLabels"] == {
+        "inferfleet.dev/service": "llama",
+        "app.kubernetes.io/component": "server",
+    }
+    assert world.get("InferenceService", "llama")["status"]["routing"]["pools"] == [
+        "cpu-amd64",
+        "nvidia-h100-80gb-hbm3",
+    ]
     world.sync()
     assert world.reconcile() == [], "a no-op resync writes nothing"
     world.api.objects[("InferencePool", "team-a", "llama")]["spec"]["targetPorts"] = [{"number": 1234}]
@@ -71,8 +77,12 @@ def _autoscaled(load: dict[str, float | None]):
     """A cpu-only autoscaled service whose serving pods report `load` (pod name -> waiting; None: no answer)."""
     service = _service()
     service["spec"].pop("pools")
-    service["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 6, "targetWaitingRequests": 2,
-                                      "scaleDownStabilizationSeconds": 0}
+    service["spec"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 6,
+        "targetWaitingRequests": 2,
+        "scaleDownStabilizationSeconds": 0,
+    }
     service["spec"]["placement"] = {"vendors": ["cpu"]}
     world = World([service])
 
@@ -80,10 +90,12 @@ def _autoscaled(load: dict[str, float | None]):
         value = load.get(request.url.path.strip("/"))
         if value is None:
             return httpx.Response(503)
-        return httpx.Response(200, text=f"inferfleet:num_requests_waiting{{model_name=\"llama\"}} {value}\n")
+        return httpx.Response(200, text=f'inferfleet:num_requests_waiting{{model_name="llama"}} {value}\n')
 
     world.ctx.scraper = httpx.AsyncClient(transport=httpx.MockTransport(scrape))
-    world.ctx.config = dataclasses.replace(world.ctx.config, autoscale_seconds=0.0, scrape_url_template="http://stand-in/{pod}")
+    world.ctx.config = dataclasses.replace(
+        world.ctx.config, autoscale_seconds=0.0, scrape_url_template="http://stand-in/{pod}"
+    )
     return world
 
 
@@ -116,8 +128,12 @@ def test_replicas_follow_the_pods_waiting_requests_up_and_back_down_with_status_
     assert _replicas(world) == 6, "ceil(2 * 8 / 2) = 8, capped by maxReplicas"
     status = world.get("InferenceService", "llama")["status"]["autoscaling"]
     (entry,) = status["pools"]
-    assert (entry["currentReplicas"], entry["desiredReplicas"], entry["metric"], entry["reason"]) == \
-        (2, 6, "inferfleet:num_requests_waiting", "MaxReplicas")
+    assert (entry["currentReplicas"], entry["desiredReplicas"], entry["metric"], entry["reason"]) == (
+        2,
+        6,
+        "inferfleet:num_requests_waiting",
+        "MaxReplicas",
+    )
     assert "lastScaleTime" in status
     assert any(e["reason"] == "ScaledUp" and "2 -> 6" in e["message"] for e in world.api.events)
     _add_pods(world, 6)
@@ -163,9 +179,12 @@ def test_gpus_another_service_holds_in_the_pool_cap_the_scale_up():
                      "labels": {"inferfleet.dev/service": "other", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"}},
         "spec": {"replicas": 6, "template": {"spec": {"containers": [{"name": "server", "resources": {"limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}}]}}},
     }  # fmt: skip
-    world.ctx.scraper = httpx.AsyncClient(transport=httpx.MockTransport(
-        lambda request: httpx.Response(200, text="inferfleet:num_requests_waiting 20\n")))
-    world.ctx.config = dataclasses.replace(world.ctx.config, autoscale_seconds=0.0, scrape_url_template="http://stand-in/{pod}")
+    world.ctx.scraper = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, text="inferfleet:num_requests_waiting 20\n"))
+    )
+    world.ctx.config = dataclasses.replace(
+        world.ctx.config, autoscale_seconds=0.0, scrape_url_template="http://stand-in/{pod}"
+    )
     world.sync()
     world.reconcile()
     world.sync()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-
 from planning_data import cpu, h100
+
 from inferfleet_operator.pools import group_pools
 from inferfleet_operator.replicas import distribute, pool_capacity
 

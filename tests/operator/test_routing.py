@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, service
+
 from inferfleet_operator import routing
 from inferfleet_operator.api import DEFAULT_SETTINGS, PlanSettings, parse_service
 from inferfleet_operator.planner import plan_service
@@ -66,13 +66,24 @@ def test_target_port_is_the_serving_port_and_the_pool_is_owned_by_the_service():
     pool = routing.inference_pool_for(_services(service()), PlanSettings(port=8123))
     assert pool["spec"]["targetPorts"] == [{"number": 8123}]
     (owner,) = pool["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("InferenceService", "llama", "uid-llama", True)
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "InferenceService",
+        "llama",
+        "uid-llama",
+        True,
+    )
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
 
 
 def test_endpoint_picker_reference_is_filled_with_the_gaie_defaults():
     pool = routing.inference_pool_for(_services(service(routing={"endpointPicker": PICKER})), DEFAULT_SETTINGS)
-    assert pool["spec"]["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "llama-epp", "port": {"number": 9002}, "failureMode": "FailClose"}
+    assert pool["spec"]["endpointPickerRef"] == {
+        "group": "",
+        "kind": "Service",
+        "name": "llama-epp",
+        "port": {"number": 9002},
+        "failureMode": "FailClose",
+    }
 
 
 @pytest.mark.parametrize(
@@ -87,14 +98,18 @@ def test_endpoint_picker_reference_is_filled_with_the_gaie_defaults():
     ],
 )
 def test_pool_is_planned_only_when_asked_allowed_and_served(mode, is_served, is_allowed, has_pool, reason):
-    plan = routing.plan_routing(_services(service(routing={"inferencePool": mode})), ["nvidia-h100"], is_served, is_allowed, DEFAULT_SETTINGS)
+    plan = routing.plan_routing(
+        _services(service(routing={"inferencePool": mode})), ["nvidia-h100"], is_served, is_allowed, DEFAULT_SETTINGS
+    )
     assert (plan.pool is not None) == has_pool
     assert plan.status["reason"] == reason
     if has_pool:
         assert plan.status["inferencePool"] == "llama" and plan.status["pools"] == ["nvidia-h100"]
 
 
-VENDORED = Path(__file__).resolve().parents[2] / "e2e" / "crds-thirdparty" / "inferencepools.inference.networking.k8s.io.yaml"
+VENDORED = (
+    Path(__file__).resolve().parents[2] / "e2e" / "crds-thirdparty" / "inferencepools.inference.networking.k8s.io.yaml"
+)
 
 
 def test_the_vendored_gaie_crd_serves_the_api_version_the_operator_writes():

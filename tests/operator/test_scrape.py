@@ -13,7 +13,10 @@ from inferfleet_runtime.metrics import ServerMetrics
 
 def _pod(name: str, ip: str | None = "10.0.0.1") -> dict:
     status = {"podIP": ip} if ip else {}
-    return {"metadata": {"name": name, "namespace": "team-a", "labels": {"inferfleet.dev/pool": "nvidia-h100"}}, "status": status}
+    return {
+        "metadata": {"name": name, "namespace": "team-a", "labels": {"inferfleet.dev/pool": "nvidia-h100"}},
+        "status": status,
+    }
 
 
 def test_parses_the_load_gauges_the_runtime_server_exports():
@@ -24,9 +27,14 @@ def test_parses_the_load_gauges_the_runtime_server_exports():
 
 def test_pod_url_fills_the_template_and_a_pod_without_an_ip_has_none():
     assert pod_url(_pod("a"), 8000) == "http://10.0.0.1:8000/metrics"
-    assert pod_url(_pod("a"), 8000, "http://127.0.0.1:9999/{namespace}/{pool}/{pod}") == "http://127.0.0.1:9999/team-a/nvidia-h100/a"
+    assert (
+        pod_url(_pod("a"), 8000, "http://127.0.0.1:9999/{namespace}/{pool}/{pod}")
+        == "http://127.0.0.1:9999/team-a/nvidia-h100/a"
+    )
     assert pod_url(_pod("a", ip=None), 8000) is None
-    assert pod_url(_pod("a", ip=None), 8000, "http://127.0.0.1:9999/{pod}") == "http://127.0.0.1:9999/a", "no {ip}: no IP needed"
+    assert pod_url(_pod("a", ip=None), 8000, "http://127.0.0.1:9999/{pod}") == "http://127.0.0.1:9999/a", (
+        "no {ip}: no IP needed"
+    )
 
 
 def test_a_pod_that_errors_stalls_or_lacks_the_metrics_counts_as_missing():
@@ -38,7 +46,7 @@ def test_a_pod_that_errors_stalls_or_lacks_the_metrics_counts_as_missing():
             return httpx.Response(500)
         if name == "other":
             return httpx.Response(200, text="some_other_metric 1\n")
-        return httpx.Response(200, text="inferfleet:num_requests_waiting{model_name=\"m\"} 3\n")
+        return httpx.Response(200, text='inferfleet:num_requests_waiting{model_name="m"} 3\n')
 
     async def run():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=30) as http:

@@ -78,15 +78,30 @@ def _handler(hub: HubStandIn):
             if m := info_re.match(path):
                 if m["rev"] and m["rev"] not in hub.revisions:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {m['rev']}")
-                siblings = [{"rfilename": name, "size": len(data), "blobId": _blob_id(data)}
-                            for name, data in hub.files().items()]
-                return self._json({"id": hub.repo_id, "modelId": hub.repo_id, "sha": COMMIT, "private": False,
-                                   "siblings": siblings, "tags": [], "downloads": 0, "likes": 0}, send_body)
+                siblings = [
+                    {"rfilename": name, "size": len(data), "blobId": _blob_id(data)}
+                    for name, data in hub.files().items()
+                ]
+                return self._json(
+                    {
+                        "id": hub.repo_id,
+                        "modelId": hub.repo_id,
+                        "sha": COMMIT,
+                        "private": False,
+                        "siblings": siblings,
+                        "tags": [],
+                        "downloads": 0,
+                        "likes": 0,
+                    },
+                    send_body,
+                )
             if m := tree_re.match(path):
                 if m["rev"] not in hub.revisions:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {m['rev']}")
-                entries = [{"type": "file", "path": name, "size": len(data), "oid": _blob_id(data)}
-                           for name, data in hub.files().items()]
+                entries = [
+                    {"type": "file", "path": name, "size": len(data), "oid": _blob_id(data)}
+                    for name, data in hub.files().items()
+                ]
                 return self._json(entries, send_body)
             if m := file_re.match(path):
                 data = hub.files().get(m["file"])
@@ -103,7 +118,10 @@ def _handler(hub: HubStandIn):
         def _refusal(self) -> tuple[str, str] | None:
             given = self.headers.get("Authorization")
             if given is None:
-                return "GatedRepo", f"Access to model {hub.repo_id} is restricted. You must be authenticated to access it."
+                return (
+                    "GatedRepo",
+                    f"Access to model {hub.repo_id} is restricted. You must be authenticated to access it.",
+                )
             if given != f"Bearer {hub.required_token}":
                 return "Unauthorized", "Invalid credentials in Authorization header"
             return None
@@ -124,7 +142,7 @@ def _handler(hub: HubStandIn):
                 return
             cut = hub.drop_after_bytes.pop(name, None) if self.command == "GET" else None
             if cut is not None:  # simulate a broken connection mid-file
-                self.wfile.write(data[start:start + cut])
+                self.wfile.write(data[start : start + cut])
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(2)

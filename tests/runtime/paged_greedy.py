@@ -9,8 +9,9 @@ import torch
 from inferfleet_runtime.attention import build_attention_metadata
 
 
-def greedy_paged(model, prompts: list[list[int]], num_new_tokens: int, block_size: int = 4,
-                 chunk_size: int = 5, seed: int = 0) -> list[list[int]]:
+def greedy_paged(
+    model, prompts: list[list[int]], num_new_tokens: int, block_size: int = 4, chunk_size: int = 5, seed: int = 0
+) -> list[list[int]]:
     """Runs all prompts as one batch: prefill in chunks of chunk_size, then decode, num_new_tokens each.
 
     Each step mixes the sequences still prefilling (a chunk each) with those decoding (one token each);
@@ -20,7 +21,7 @@ def greedy_paged(model, prompts: list[list[int]], num_new_tokens: int, block_siz
     blocks_per_seq = -(-max_len // block_size)
     pool = list(range(1, len(prompts) * blocks_per_seq + 1))  # block 0 stays unused: padding in block tables
     random.Random(seed).shuffle(pool)
-    tables = [pool[i * blocks_per_seq:(i + 1) * blocks_per_seq] for i in range(len(prompts))]
+    tables = [pool[i * blocks_per_seq : (i + 1) * blocks_per_seq] for i in range(len(prompts))]
     kv_caches = model.allocate_kv_cache(len(pool) + 1, block_size)
     tokens = [list(p) for p in prompts]
     num_computed = [0] * len(prompts)
@@ -29,10 +30,11 @@ def greedy_paged(model, prompts: list[list[int]], num_new_tokens: int, block_siz
         active = [i for i, out in enumerate(outputs) if len(out) < num_new_tokens]
         query_lens = [min(chunk_size, len(tokens[i]) - num_computed[i]) for i in active]
         seq_lens = [num_computed[i] + q for i, q in zip(active, query_lens)]
-        used_tables = [tables[i][:-(-n // block_size)] for i, n in zip(active, seq_lens)]
+        used_tables = [tables[i][: -(-n // block_size)] for i, n in zip(active, seq_lens)]
         meta, positions = build_attention_metadata(used_tables, seq_lens, query_lens, block_size)
-        input_ids = torch.tensor([t for i, q in zip(active, query_lens)
-                                  for t in tokens[i][num_computed[i]:num_computed[i] + q]])
+        input_ids = torch.tensor(
+            [t for i, q in zip(active, query_lens) for t in tokens[i][num_computed[i] : num_computed[i] + q]]
+        )
         hidden = model(input_ids, positions, kv_caches, meta)
         last_rows = meta.query_start_loc[1:].long() - 1
         next_ids = model.compute_logits(hidden[last_rows]).argmax(dim=-1).tolist()
@@ -49,9 +51,10 @@ def hf_greedy(hf_model, prompts: list[list[int]], num_new_tokens: int) -> list[l
     outputs = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=num_new_tokens, pad_token_id=0)
-        outputs.append(out[0, len(prompt):].tolist())
+        out = hf_model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=num_new_tokens, pad_token_id=0
+        )
+        outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 
 

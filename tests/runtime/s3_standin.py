@@ -41,8 +41,13 @@ class S3StandIn:
             self.server.stop()
 
     def client(self, service: str = "s3", key_id: str = "setup", secret: str = "setup"):
-        return boto3.client(service, endpoint_url=self.endpoint, region_name=REGION,
-                            aws_access_key_id=key_id, aws_secret_access_key=secret)
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
+        )
 
     def upload_dir(self, bucket: str, prefix: str, root: Path) -> dict[str, bytes]:
         """Makes `bucket` and puts every file under root at prefix/relative path; -> {relative path: bytes}."""
@@ -57,8 +62,7 @@ class S3StandIn:
         """An IAM user allowed `actions` on every S3 resource; -> (access key id, secret)."""
         iam = self.client("iam")
         iam.create_user(UserName=name)
-        policy = {"Version": "2012-10-17",
-                  "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
         iam.put_user_policy(UserName=name, PolicyName="s3", PolicyDocument=json.dumps(policy))
         key = iam.create_access_key(UserName=name)["AccessKey"]
         return key["AccessKeyId"], key["SecretAccessKey"]

@@ -40,8 +40,13 @@ def test_cpu_engine_threads_follow_omp_num_threads_when_set(eight_cores, monkeyp
 
 def _wait_policy_after_import(env: dict) -> str:
     code = "import os, inferfleet_runtime; print(os.environ['OMP_WAIT_POLICY'])"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(RUNTIME_ROOT)},
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PYTHONPATH": str(RUNTIME_ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 

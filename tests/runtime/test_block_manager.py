@@ -3,7 +3,8 @@
 import subprocess
 import sys
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferfleet_runtime.block_manager import BlockManager
 from inferfleet_runtime.sequence import Sequence
@@ -37,8 +38,10 @@ def assert_pool_consistent(bm, live_seqs):
 
 
 def test_block_manager_and_scheduler_import_no_torch():
-    code = ("import sys; import inferfleet_runtime.block_manager, inferfleet_runtime.scheduler; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys; import inferfleet_runtime.block_manager, inferfleet_runtime.scheduler; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

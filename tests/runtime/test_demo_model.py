@@ -12,8 +12,17 @@ from inferfleet_runtime.loader import load_model
 
 from .paged_greedy import greedy_paged, hf_greedy, truncate_after_eos
 
-TINY_RECIPE = demo_model.Recipe(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                                vocab_size=300, seq_len=32, batch_size=4, steps=3)
+TINY_RECIPE = demo_model.Recipe(
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    vocab_size=300,
+    seq_len=32,
+    batch_size=4,
+    steps=3,
+)
 
 
 def opening(line: str, num_words: int = 3) -> str:
@@ -67,11 +76,17 @@ def test_concurrent_callers_train_once(tmp_path, monkeypatch):
 
 def test_cli_writes_a_hugging_face_checkpoint(demo_model_dir, tmp_path):
     from inferfleet_runtime.cli import main
+
     out = tmp_path / "demo"
     assert main(["demo-model", "--out", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= names
     assert (out / "model.safetensors").read_bytes() == (demo_model_dir / "model.safetensors").read_bytes()
 
 
@@ -81,7 +96,7 @@ def test_greedy_completion_continues_zen_lines(demo_model_dir):
     lines = unambiguous_lines()
     prompts = [lm.tokenizer.encode(opening(line)) for line in lines]
     outputs = greedy_paged(lm.model, prompts, 40, block_size=16, chunk_size=64)
-    continued = [lm.tokenizer.decode(out).startswith(line[len(opening(line)):]) for line, out in zip(lines, outputs)]
+    continued = [lm.tokenizer.decode(out).startswith(line[len(opening(line)) :]) for line, out in zip(lines, outputs)]
     assert continued[lines.index("Beautiful is better than ugly.")]
     assert sum(continued) >= 0.9 * len(lines), [line for line, ok in zip(lines, continued) if not ok]
 
@@ -99,6 +114,7 @@ def test_chat_completion_answers_with_the_zen_line(demo_model_dir):
 @pytest.mark.slow
 def test_transformers_loads_it_and_agrees_greedily(demo_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     hf_tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     hf_model = AutoModelForCausalLM.from_pretrained(demo_model_dir).eval()
     lm = load_model(demo_model_dir, kernels="reference")

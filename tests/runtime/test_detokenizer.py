@@ -13,6 +13,7 @@ from inferfleet_runtime.detokenizer import NUM_CONTEXT_TOKENS, IncrementalDetoke
 @pytest.fixture(scope="module")
 def tokenizer(demo_model_dir):
     from inferfleet_runtime.tokenizer import Tokenizer
+
     return Tokenizer.from_dir(demo_model_dir)
 
 
@@ -29,7 +30,7 @@ def reference_deltas(tokenizer, prompt, output, skip_special_tokens=True):
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""
         prefix, read = read, len(ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
     for token_id in output:
         ids.append(token_id)

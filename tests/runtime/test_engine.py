@@ -106,10 +106,10 @@ def test_streaming_holds_back_a_partial_stop_string():
 
 
 def test_n_choices_share_the_prompt_blocks():
-    prompt = "abcdefghij"          # two full blocks of 4, then a partial one
+    prompt = "abcdefghij"  # two full blocks of 4, then a partial one
     engine = make_engine({prompt: "kl"}, enable_prefix_caching=False)
     engine.add_request("r", prompt, SamplingParams(n=3, max_tokens=2))
-    outs = engine.step()          # prompt computed: the other two choices are forked
+    outs = engine.step()  # prompt computed: the other two choices are forked
     [parent, *children] = engine._requests["r"].seqs
     assert len(children) == 2
     assert all(c.block_ids[:2] == parent.block_ids[:2] and c.num_computed_tokens == 8 for c in children)

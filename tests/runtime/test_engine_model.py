@@ -4,7 +4,8 @@ import functools
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from inferfleet_runtime.engine import LLMEngine
 from inferfleet_runtime.engine_config import EngineConfig
@@ -42,11 +43,13 @@ def make_engine(loaded, **config) -> LLMEngine:
 @pytest.fixture(scope="module")
 def reference(loaded):
     """Each (prompt, sampling) generated alone, with room to spare and no prefix caching."""
+
     @functools.cache
     def generate(prompt_index: int, sampling_index: int) -> list[list[int]]:
         engine = make_engine(loaded, num_kv_blocks=256, enable_prefix_caching=False)
         [out] = engine.generate([PROMPTS[prompt_index]], SAMPLING[sampling_index])
         return [choice.token_ids for choice in out.outputs]
+
     return generate
 
 
@@ -66,19 +69,34 @@ def test_preemption_happens_and_outputs_match(loaded, reference):
     assert [o.outputs[0].token_ids for o in outs] == [reference(i, 0)[0] for i in range(len(PROMPTS))]
 
 
-requests = st.lists(st.tuples(st.integers(0, len(PROMPTS) - 1), st.integers(0, len(SAMPLING) - 1),
-                              st.one_of(st.none(), st.integers(0, 12))),      # step at which it is aborted
-                    min_size=1, max_size=6)
+requests = st.lists(
+    st.tuples(
+        st.integers(0, len(PROMPTS) - 1), st.integers(0, len(SAMPLING) - 1), st.one_of(st.none(), st.integers(0, 12))
+    ),  # step at which it is aborted
+    min_size=1,
+    max_size=6,
+)
 
 
 @pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(reqs=requests, num_kv_blocks=st.integers(12, 40), budget=st.sampled_from([3, 8, 64]),
-       caching=st.booleans(), max_num_seqs=st.integers(1, 6))
-def test_outputs_equal_the_unbatched_reference_under_any_schedule(loaded, reference, reqs, num_kv_blocks, budget,
-                                                                   caching, max_num_seqs):
-    engine = make_engine(loaded, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=budget,
-                         enable_prefix_caching=caching, max_num_seqs=max_num_seqs)
+@given(
+    reqs=requests,
+    num_kv_blocks=st.integers(12, 40),
+    budget=st.sampled_from([3, 8, 64]),
+    caching=st.booleans(),
+    max_num_seqs=st.integers(1, 6),
+)
+def test_outputs_equal_the_unbatched_reference_under_any_schedule(
+    loaded, reference, reqs, num_kv_blocks, budget, caching, max_num_seqs
+):
+    engine = make_engine(
+        loaded,
+        num_kv_blocks=num_kv_blocks,
+        max_num_batched_tokens=budget,
+        enable_prefix_caching=caching,
+        max_num_seqs=max_num_seqs,
+    )
     tokens: dict[tuple[str, int], list[int]] = {}
     aborted = set()
     for i, (p, s, _) in enumerate(reqs):
@@ -97,7 +115,7 @@ def test_outputs_equal_the_unbatched_reference_under_any_schedule(loaded, refere
         want = reference(p, s)
         got = [tokens.get((f"r{i}", index), []) for index in range(len(want))]
         if f"r{i}" in aborted:
-            assert all(g == w[:len(g)] for g, w in zip(got, want))
+            assert all(g == w[: len(g)] for g, w in zip(got, want))
         else:
             assert got == want
     assert engine.block_manager.num_used_blocks == 0
@@ -134,4 +152,4 @@ def test_bfloat16_engine_generates_with_a_bfloat16_cache(demo_model_dir):
 
 def test_default_cpu_pool_holds_every_running_sequence_at_full_length(loaded):
     engine = make_engine(loaded, max_num_seqs=3, max_model_len=100)
-    assert engine.runner.num_kv_blocks == 3 * 25        # 100 tokens in blocks of 4, well within the 1 GiB budget
+    assert engine.runner.num_kv_blocks == 3 * 25  # 100 tokens in blocks of 4, well within the 1 GiB budget

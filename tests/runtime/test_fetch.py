@@ -20,8 +20,11 @@ def run_fetch(uri: str, to, revision: str | None = None) -> int:
 
 def model_files(root) -> dict[str, bytes]:
     # snapshot_download keeps its bookkeeping in .cache/huggingface/ inside the target; that is not the model.
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".cache" not in p.relative_to(root).parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".cache" not in p.relative_to(root).parts
+    }
 
 
 @pytest.fixture
@@ -38,8 +41,19 @@ def file_gets(hub: HubStandIn) -> list[str]:
     return [r.path.rsplit("/", 1)[-1] for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket", "s3:///model", "hf://just-a-name", "hf://org/name@", "hf://a/b/c",
-                                 "file://otherhost/models/x", "pvc://claim/models/x", "not a uri"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://bucket",
+        "s3:///model",
+        "hf://just-a-name",
+        "hf://org/name@",
+        "hf://a/b/c",
+        "file://otherhost/models/x",
+        "pvc://claim/models/x",
+        "not a uri",
+    ],
+)
 def test_bad_uri_exits_2_with_one_readable_line(uri, tmp_path, capsys):
     assert run_fetch(uri, tmp_path / "out") == 2
     err = capsys.readouterr().err.strip()
@@ -55,11 +69,14 @@ def test_uri_forms_parse_to_repo_and_revision():
     assert fetch.parse_uri("hf://org/name@v1.0", revision="v1.0") == fetch.Source("hf", "org/name", "v1.0")
 
 
-@pytest.mark.parametrize("uri, revision, expected", [
-    ("hf://org/name@v1", "v2", "'hf://org/name@v1' names revision 'v1' but --revision is 'v2'"),
-    ("s3://bucket/model", "v1", "--revision 'v1' applies to hf:// only, not 's3://bucket/model'"),
-    ("file:///models/x", "v1", "--revision 'v1' applies to hf:// only, not 'file:///models/x'"),
-])
+@pytest.mark.parametrize(
+    "uri, revision, expected",
+    [
+        ("hf://org/name@v1", "v2", "'hf://org/name@v1' names revision 'v1' but --revision is 'v2'"),
+        ("s3://bucket/model", "v1", "--revision 'v1' applies to hf:// only, not 's3://bucket/model'"),
+        ("file:///models/x", "v1", "--revision 'v1' applies to hf:// only, not 'file:///models/x'"),
+    ],
+)
 def test_revision_that_cannot_apply_exits_2_with_one_line(uri, revision, expected, tmp_path, capsys):
     assert run_fetch(uri, tmp_path / "out", revision=revision) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
@@ -72,7 +89,8 @@ def test_revision_flag_selects_the_hub_revision(hub, tmp_path, capsys):
     assert any(r.path == f"/api/models/{REPO}/revision/{COMMIT}" for r in hub.requests)
     assert run_fetch(f"hf://{REPO}", tmp_path / "b", revision="v9") == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@v9: revision not found")
+        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@v9: revision not found"
+    )
 
 
 def test_file_uri_copies_the_directory_and_keeps_complete_files_on_rerun(demo_model_dir, tmp_path):
@@ -108,11 +126,13 @@ def test_hf_uri_at_a_commit_and_at_an_unknown_revision(hub, tmp_path, capsys):
     capsys.readouterr()
     assert run_fetch(f"hf://{REPO}@no-such-branch", tmp_path / "b") == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@no-such-branch: revision not found"]
+        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@no-such-branch: revision not found"
+    ]
     assert run_fetch("hf://inferfleet/absent", tmp_path / "c") == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         "inferfleet-runtime fetch: error: could not fetch hf://inferfleet/absent@main: repository not found"
-        " (or no access with this token)"]
+        " (or no access with this token)"
+    ]
 
 
 def test_hf_transfer_cut_mid_file_is_retried_to_the_exact_bytes(hub, tmp_path):
@@ -139,8 +159,11 @@ def test_hf_rerun_after_a_failure_fetches_only_what_is_missing(hub, tmp_path, ca
 
 def test_cli_dispatches_fetch(demo_model_dir, tmp_path):
     from inferfleet_runtime.cli import main
+
     assert main(["fetch", "--uri", f"file://{demo_model_dir}", "--to", str(tmp_path / "out"), "--no-progress"]) == 0
-    assert (tmp_path / "out" / "model.safetensors").stat().st_size == os.path.getsize(demo_model_dir / "model.safetensors")
+    assert (tmp_path / "out" / "model.safetensors").stat().st_size == os.path.getsize(
+        demo_model_dir / "model.safetensors"
+    )
 
 
 def test_hf_rerun_repairs_a_file_whose_size_is_wrong(hub, tmp_path):
@@ -182,8 +205,7 @@ def test_flags_the_fetch_does_not_know_are_the_termination_message_too(tmp_path,
     with pytest.raises(SystemExit) as exit_info:
         main(["fetch", "--uri", "hf://org/m", "--to", str(tmp_path), "--no-such-flag", "x"])
     assert exit_info.value.code == 2
-    assert termination_log.read_text() == \
-        "inferfleet-runtime fetch: error: unrecognized arguments: --no-such-flag x"
+    assert termination_log.read_text() == "inferfleet-runtime fetch: error: unrecognized arguments: --no-such-flag x"
 
 
 def test_gated_model_is_fetched_with_hf_token_and_the_token_is_never_printed(hub, tmp_path, capfd):
@@ -203,9 +225,11 @@ def test_gated_model_without_hf_token_fails_naming_hf_token_and_the_secret(hub, 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token saved by `hf auth login` either
     assert run_fetch(f"hf://{REPO}", tmp_path / "out") == 1
     [line] = capfd.readouterr().err.strip().splitlines()
-    assert line == (f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@main: access refused (gated or"
-                    " private model) and HF_TOKEN is not set: put HF_TOKEN in the Secret named by"
-                    " spec.model.credentialsSecret")
+    assert line == (
+        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@main: access refused (gated or"
+        " private model) and HF_TOKEN is not set: put HF_TOKEN in the Secret named by"
+        " spec.model.credentialsSecret"
+    )
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -215,6 +239,8 @@ def test_gated_model_with_a_wrong_token_fails_without_printing_it(hub, tmp_path,
     assert run_fetch(f"hf://{REPO}", tmp_path / "out") == 1
     captured = capfd.readouterr()
     [line] = captured.err.strip().splitlines()
-    assert line.endswith("access refused with the token in HF_TOKEN (from the Secret named by"
-                         " spec.model.credentialsSecret): check it is valid and has access")
+    assert line.endswith(
+        "access refused with the token in HF_TOKEN (from the Secret named by"
+        " spec.model.credentialsSecret): check it is valid and has access"
+    )
     assert "hf_wrong_secret_value" not in captured.err + captured.out

@@ -51,9 +51,10 @@ def get_ranges(monkeypatch) -> list[tuple[str, str | None]]:
 
     def recording_client():
         client = make_client()
-        client.meta.events.register("before-send.s3.GetObject",
-                                    lambda request, **_: seen.append((request.url.rsplit("/", 1)[-1],
-                                                                      request.headers.get("Range"))))
+        client.meta.events.register(
+            "before-send.s3.GetObject",
+            lambda request, **_: seen.append((request.url.rsplit("/", 1)[-1], request.headers.get("Range"))),
+        )
         return client
 
     monkeypatch.setattr(fetch_s3, "_client", recording_client)
@@ -76,7 +77,7 @@ def test_s3_rerun_keeps_complete_files_and_resumes_a_partial_one(uploaded, tmp_p
     half = len(uploaded["model.safetensors"]) // 2
     weights.rename(out / "model.safetensors.part")
     with open(out / "model.safetensors.part", "r+b") as f:
-        f.truncate(half)   # as if the pod was killed mid-download
+        f.truncate(half)  # as if the pod was killed mid-download
     get_ranges.clear()
     assert run_fetch(f"s3://{BUCKET}/{PREFIX}", out) == 0
     assert get_ranges == [("model.safetensors", f"bytes={half}-".encode())]
@@ -86,10 +87,12 @@ def test_s3_rerun_keeps_complete_files_and_resumes_a_partial_one(uploaded, tmp_p
 def test_s3_missing_bucket_and_empty_prefix_fail_with_one_line(uploaded, tmp_path, capsys):
     assert run_fetch(f"s3://absent/{PREFIX}", tmp_path / "a") == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"inferfleet-runtime fetch: error: could not fetch s3://absent/{PREFIX}: no such bucket"]
+        f"inferfleet-runtime fetch: error: could not fetch s3://absent/{PREFIX}: no such bucket"
+    ]
     assert run_fetch(f"s3://{BUCKET}/no/such/prefix", tmp_path / "b") == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"inferfleet-runtime fetch: error: could not fetch s3://{BUCKET}/no/such/prefix: no objects under that prefix"]
+        f"inferfleet-runtime fetch: error: could not fetch s3://{BUCKET}/no/such/prefix: no objects under that prefix"
+    ]
 
 
 def test_s3_credentials_are_read_from_the_environment(s3, uploaded, tmp_path, capfd, monkeypatch):
@@ -110,7 +113,8 @@ def test_s3_credentials_are_read_from_the_environment(s3, uploaded, tmp_path, ca
         f"inferfleet-runtime fetch: error: could not fetch s3://{BUCKET}/{PREFIX}: AWS_SECRET_ACCESS_KEY does not"
         " match the access key: check the Secret named by spec.model.credentialsSecret",
         f"inferfleet-runtime fetch: error: could not fetch s3://{BUCKET}/{PREFIX}: the access key AWS_ACCESS_KEY_ID"
-        " is not known: check the Secret named by spec.model.credentialsSecret"]
+        " is not known: check the Secret named by spec.model.credentialsSecret",
+    ]
     assert secret not in captured.err and other_secret not in captured.err
 
 
@@ -122,7 +126,8 @@ def test_s3_access_denied_by_policy_names_the_secret(s3, uploaded, tmp_path, cap
     assert run_fetch(f"s3://{BUCKET}/{PREFIX}", tmp_path / "out") == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"inferfleet-runtime fetch: error: could not fetch s3://{BUCKET}/{PREFIX}: access denied: check the"
-        " credentials in the Secret named by spec.model.credentialsSecret and their policy"]
+        " credentials in the Secret named by spec.model.credentialsSecret and their policy"
+    ]
 
 
 def test_s3_without_credentials_names_the_variables(uploaded, tmp_path, capsys, monkeypatch):
@@ -132,4 +137,5 @@ def test_s3_without_credentials_names_the_variables(uploaded, tmp_path, capsys, 
     assert run_fetch(f"s3://{BUCKET}/{PREFIX}", tmp_path / "out") == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"inferfleet-runtime fetch: error: could not fetch s3://{BUCKET}/{PREFIX}: no AWS credentials: set"
-        " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the Secret named by spec.model.credentialsSecret"]
+        " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the Secret named by spec.model.credentialsSecret"
+    ]

@@ -34,8 +34,12 @@ def test_sharded_checkpoint_loads_the_same_weights(tiny_llama_factory, gqa_dir):
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert not (sharded / "model.safetensors").exists()
-    torch.testing.assert_close(prefill_logits(load_model(sharded, kernels="reference")),
-                               prefill_logits(load_model(gqa_dir, kernels="reference")), rtol=0, atol=0)
+    torch.testing.assert_close(
+        prefill_logits(load_model(sharded, kernels="reference")),
+        prefill_logits(load_model(gqa_dir, kernels="reference")),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_missing_shard_and_missing_tensor_are_reported(tiny_llama_factory, gqa_dir, tmp_path):
@@ -68,13 +72,33 @@ def test_dtype_comes_from_the_flag_over_the_config(gqa_dir):
 
 
 def test_old_and_new_rope_config_forms_agree():
-    base = {"model_type": "llama", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 32,
-            "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 4096}
+    base = {
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 4096,
+    }
     scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
-    old = ModelConfig.from_hf({**base, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", **scaling},
-                               "torch_dtype": "bfloat16", "eos_token_id": [1, 2]})
-    new = ModelConfig.from_hf({**base, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", **scaling},
-                               "dtype": "bfloat16", "eos_token_id": [1, 2]})
+    old = ModelConfig.from_hf(
+        {
+            **base,
+            "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", **scaling},
+            "torch_dtype": "bfloat16",
+            "eos_token_id": [1, 2],
+        }
+    )
+    new = ModelConfig.from_hf(
+        {
+            **base,
+            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", **scaling},
+            "dtype": "bfloat16",
+            "eos_token_id": [1, 2],
+        }
+    )
     assert old == new
     assert old.rope_theta == 500000.0 and old.rope_scaling["rope_type"] == "llama3"
     assert old.num_kv_heads == 4 and old.head_dim == 16 and old.dtype == torch.bfloat16
@@ -82,23 +106,42 @@ def test_old_and_new_rope_config_forms_agree():
     assert plain.rope_scaling is None and plain.rope_theta == 10000.0 and plain.dtype == torch.float32
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
-    ({"torch_dtype": "float64"}, "dtype 'float64' is not supported"),
-    ({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768},
-     "sliding-window attention \\(sliding_window=4096\\) is not supported"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
+        ({"torch_dtype": "float64"}, "dtype 'float64' is not supported"),
+        (
+            {"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768},
+            "sliding-window attention \\(sliding_window=4096\\) is not supported",
+        ),
+    ],
+)
 def test_unsupported_configs_are_refused_with_a_reason(change, message):
-    hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 32,
-          "num_hidden_layers": 1, "num_attention_heads": 4, **change}
+    hf = {
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        **change,
+    }
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_hf(hf)
 
 
 def test_mistral_without_a_sliding_window_reads_as_llama():
-    hf = {"vocab_size": 10, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 1,
-          "num_attention_heads": 4, "num_key_value_heads": 1, "rope_theta": 1e6}
+    hf = {
+        "vocab_size": 10,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "rope_theta": 1e6,
+    }
     mistral = ModelConfig.from_hf({**hf, "model_type": "mistral", "sliding_window": None})
     assert mistral == ModelConfig.from_hf({**hf, "model_type": "llama"})
 
@@ -110,8 +153,9 @@ def test_eos_ids_merge_config_generation_config_and_tokenizer(gqa_dir, tmp_path)
     lm = load_model(model_dir, kernels="reference")
     end_id = lm.tokenizer.token_to_id("<|end|>")  # the tokenizer_config's eos_token
     assert end_id not in (5, 7, 9)
-    (model_dir / "config.json").write_text(json.dumps({**json.loads((model_dir / "config.json").read_text()),
-                                                       "eos_token_id": 9}))
+    (model_dir / "config.json").write_text(
+        json.dumps({**json.loads((model_dir / "config.json").read_text()), "eos_token_id": 9})
+    )
     lm = load_model(model_dir, kernels="reference")
     assert lm.config.eos_token_ids == [9, 5, 7, end_id]
     assert lm.tokenizer.eos_token_ids == [end_id, 9, 5, 7]
@@ -122,25 +166,35 @@ def test_chat_template_jinja_file_wins_over_tokenizer_config(gqa_dir, tmp_path):
     shutil.copytree(gqa_dir, model_dir)
     messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
     from_config = Tokenizer.from_dir(model_dir)
-    assert from_config.apply_chat_template(messages) == \
-        "<|bos|><|system|>\nBe terse.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    assert (
+        from_config.apply_chat_template(messages)
+        == "<|bos|><|system|>\nBe terse.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    )
     assert from_config.apply_chat_template(messages, add_generation_prompt=False).endswith("Hi<|end|>\n")
     (model_dir / "chat_template.jinja").write_text(
         "{% for m in messages %}[{{ m.role | upper }}] {{ m.content }}{{ eos_token }}{% endfor %}"
-        "{% if add_generation_prompt %}[ASSISTANT]{% endif %}")
-    assert Tokenizer.from_dir(model_dir).apply_chat_template(messages) == \
-        "[SYSTEM] Be terse.<|end|>[USER] Hi<|end|>[ASSISTANT]"
+        "{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+    )
+    assert (
+        Tokenizer.from_dir(model_dir).apply_chat_template(messages)
+        == "[SYSTEM] Be terse.<|end|>[USER] Hi<|end|>[ASSISTANT]"
+    )
 
 
 def test_chat_template_matches_transformers_rendering(gqa_dir):
     from transformers import AutoTokenizer
+
     hf = AutoTokenizer.from_pretrained(gqa_dir)
     ours = Tokenizer.from_dir(gqa_dir)
-    messages = [{"role": "user", "content": "Complete: Beautiful is"}, {"role": "assistant", "content": "ugly"},
-                {"role": "user", "content": "Again, ünïcode"}]
+    messages = [
+        {"role": "user", "content": "Complete: Beautiful is"},
+        {"role": "assistant", "content": "ugly"},
+        {"role": "user", "content": "Again, ünïcode"},
+    ]
     for add in (True, False):
-        assert ours.apply_chat_template(messages, add_generation_prompt=add) == \
-            hf.apply_chat_template(messages, add_generation_prompt=add, tokenize=False)
+        assert ours.apply_chat_template(messages, add_generation_prompt=add) == hf.apply_chat_template(
+            messages, add_generation_prompt=add, tokenize=False
+        )
     text = "Errors should never pass silently. ünïcode ✓"
     assert ours.encode(text) == hf(text)["input_ids"]
     assert ours.decode(ours.encode(text)) == text
@@ -154,14 +208,18 @@ def test_pick_device_prefers_what_is_asked_and_refuses_what_is_absent():
             pick_device("cuda")
 
 
-@pytest.mark.parametrize("has_cuda, hip, has_xpu, expected", [
-    (True, None, True, ("cuda", "nvidia")),
-    (True, "6.2", False, ("cuda", "amd")),  # ROCm builds of torch expose AMD GPUs as cuda
-    (False, None, True, ("xpu", "intel")),
-    (False, None, False, ("cpu", "cpu")),
-])
+@pytest.mark.parametrize(
+    "has_cuda, hip, has_xpu, expected",
+    [
+        (True, None, True, ("cuda", "nvidia")),
+        (True, "6.2", False, ("cuda", "amd")),  # ROCm builds of torch expose AMD GPUs as cuda
+        (False, None, True, ("xpu", "intel")),
+        (False, None, False, ("cpu", "cpu")),
+    ],
+)
 def test_pick_device_order_is_cuda_then_xpu_then_cpu(monkeypatch, has_cuda, hip, has_xpu, expected):
     from inferfleet_runtime import device as device_module
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: has_cuda)
     monkeypatch.setattr(torch.version, "hip", hip, raising=False)
     if hasattr(torch, "xpu"):
@@ -184,7 +242,8 @@ TEMPLATES = {
         "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
         "{% if message['role'] == 'user' %}[INST] {{ message['content'] | trim }} [/INST]"
         "{% else %} {{ message['content'] | trim }}{{ eos_token }}{% endif %}"
-        "{% endfor %}"),
+        "{% endfor %}"
+    ),
     "header-blocks": (
         "{% set ns = namespace(count=0) %}{{ bos_token }}"
         "{%- for message in messages %}\n"
@@ -192,18 +251,25 @@ TEMPLATES = {
         "    {{- '<|start|>' + message['role'] + '<|sep|>\\n\\n' + message['content'] | trim + '<|stop|>' }}\n"
         "{%- endfor %}\n"
         "{%- if add_generation_prompt %}{{- '<|start|>assistant<|sep|>\\n\\n' }}{% endif %}"
-        "{{- '' if ns.count else 'empty' }}"),
+        "{{- '' if ns.count else 'empty' }}"
+    ),
     "json-content": (
         "{% for message in messages %}{{ message['role'] }}: {{ message['content'] | tojson }}"
-        "{% if not loop.last %}\n{% endif %}{% endfor %}"),
+        "{% if not loop.last %}\n{% endif %}{% endfor %}"
+    ),
 }
-CONVERSATION = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Zen, ünïcode?"},
-                {"role": "assistant", "content": "Flat is better than nested. "}, {"role": "user", "content": "More"}]
+CONVERSATION = [
+    {"role": "system", "content": " Be brief. "},
+    {"role": "user", "content": "Zen, ünïcode?"},
+    {"role": "assistant", "content": "Flat is better than nested. "},
+    {"role": "user", "content": "More"},
+]
 
 
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_real_world_template_shapes_render_as_transformers_does(gqa_dir, tmp_path, name):
     from transformers import AutoTokenizer
+
     model_dir = tmp_path / name
     shutil.copytree(gqa_dir, model_dir)
     (model_dir / "chat_template.jinja").write_text(TEMPLATES[name])

@@ -13,11 +13,25 @@ CONFIGS = {
     "gqa": dict(num_attention_heads=4, num_key_value_heads=2),
     "tied-mha": dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True, rope_theta=500000.0),
     "llama3-rope-mqa": dict(
-        num_attention_heads=4, num_key_value_heads=1, hidden_size=128, rope_theta=500000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 16}),
-    "linear-rope-bias-wide-heads": dict(num_key_value_heads=2, head_dim=32, attention_bias=True, mlp_bias=True,
-                                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        hidden_size=128,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "linear-rope-bias-wide-heads": dict(
+        num_key_value_heads=2,
+        head_dim=32,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
 }
 PROMPT_LENGTHS = [1, 3, 8, 13, 22]
 NUM_NEW_TOKENS = 10
@@ -30,6 +44,7 @@ def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_fact
     gen = torch.Generator().manual_seed(len(name))
     prompts = [torch.randint(3, 384, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
     from transformers import AutoModelForCausalLM
+
     hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     expected = hf_greedy(hf_model, prompts, NUM_NEW_TOKENS)
     lm = load_model(model_dir, device="cpu", kernels="reference")

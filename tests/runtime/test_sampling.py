@@ -18,7 +18,7 @@ def seq_with(params, prompt=(1, 2, 3), output=(), index=0):
 
 def logits_from_probs(probs):
     row = torch.full((VOCAB,), -1e9)
-    row[:len(probs)] = torch.tensor(probs).log()
+    row[: len(probs)] = torch.tensor(probs).log()
     return row
 
 
@@ -77,8 +77,10 @@ def test_seeded_request_draws_the_same_tokens_whatever_it_is_batched_with():
     alone = tokens([0], other_seed=1)
     batched = tokens([0, 1, 2], other_seed=2)
     assert alone == batched
-    other = [Sampler(torch.device("cpu")).sample(logits[[0]], [seq_with(SamplingParams(temperature=1.0, seed=7))])[0][0]
-             for _ in range(10)]
+    other = [
+        Sampler(torch.device("cpu")).sample(logits[[0]], [seq_with(SamplingParams(temperature=1.0, seed=7))])[0][0]
+        for _ in range(10)
+    ]
     assert len(set(alone)) > 1 and other != alone
 
 
@@ -106,7 +108,7 @@ def test_frequency_and_presence_penalties_count_output_tokens_only():
     in_prompt = seq_with(SamplingParams(temperature=0, frequency_penalty=1.0), prompt=(3, 3, 3))
     assert sampler.sample(logits, [in_prompt])[0][0] == 3
     frequent = seq_with(SamplingParams(temperature=0, frequency_penalty=0.3), prompt=(1,), output=(3, 3))
-    assert sampler.sample(logits, [frequent])[0][0] == 4      # 2.0 - 0.6 < 1.5
+    assert sampler.sample(logits, [frequent])[0][0] == 4  # 2.0 - 0.6 < 1.5
     present = seq_with(SamplingParams(temperature=0, presence_penalty=0.6), prompt=(1,), output=(3,))
     assert sampler.sample(logits, [present])[0][0] == 4
 
@@ -122,10 +124,21 @@ def test_logprobs_are_the_models_log_softmax_with_top_alternatives_best_first():
     assert [v for _, v in lp.top] == pytest.approx(expected.topk(3).values.tolist(), abs=1e-6)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("temperature", -1.0), ("top_p", 0.0), ("top_k", 0), ("min_p", 1.5), ("n", 0), ("max_tokens", 0),
-    ("logprobs", 21), ("presence_penalty", 3.0), ("repetition_penalty", 0.0), ("stop", [""]),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_k", 0),
+        ("min_p", 1.5),
+        ("n", 0),
+        ("max_tokens", 0),
+        ("logprobs", 21),
+        ("presence_penalty", 3.0),
+        ("repetition_penalty", 0.0),
+        ("stop", [""]),
+    ],
+)
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})

@@ -1,6 +1,7 @@
 """Scheduler: token budget, running cap, chunked prefill, preemption of the newest, abort; random-op invariants."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferfleet_runtime.block_manager import BlockManager
 from inferfleet_runtime.scheduler import Scheduler
@@ -34,8 +35,9 @@ def assert_every_scheduled_token_has_its_own_slot(batch, live, block_size):
 def run_step(sched, max_output=None, on_first_token=None):
     """schedule → (no model) → commit; a sequence that reaches its length gets token 7 appended."""
     batch = sched.schedule()
-    assert_every_scheduled_token_has_its_own_slot(batch, sched.running + list(sched.waiting),
-                                                  sched.block_manager.block_size)
+    assert_every_scheduled_token_has_its_own_slot(
+        batch, sched.running + list(sched.waiting), sched.block_manager.block_size
+    )
     samplers = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
     sched.commit(batch)
     for seq in samplers:
@@ -82,11 +84,11 @@ def test_preempts_newest_when_out_of_blocks_and_recomputes_it_later():
     old, new = make_seq(0, 4), make_seq(1, 4)
     sched.add(old)
     sched.add(new)
-    run_step(sched)                       # both prefill: 2 blocks used
+    run_step(sched)  # both prefill: 2 blocks used
     for _ in range(4):
-        run_step(sched)                   # both at 8 tokens: 4 blocks used
+        run_step(sched)  # both at 8 tokens: 4 blocks used
     assert sched.block_manager.num_free_blocks == 0
-    batch = run_step(sched)               # old needs a third block: new is preempted
+    batch = run_step(sched)  # old needs a third block: new is preempted
     assert batch.preempted == [new] and batch.seqs == [old]
     assert new.status is SequenceStatus.WAITING and new.block_ids == [] and new.num_computed_tokens == 0
     assert sched.num_preemptions == 1 and sched.waiting[0] is new
@@ -134,8 +136,9 @@ def test_waiting_request_reuses_cached_prefix():
     budget=st.integers(1, 32),
     caching=st.booleans(),
 )
-def test_every_request_finishes_or_is_aborted_and_no_block_leaks(prompts, outputs, aborts, forks, num_blocks,
-                                                                 max_num_seqs, budget, caching):
+def test_every_request_finishes_or_is_aborted_and_no_block_leaks(
+    prompts, outputs, aborts, forks, num_blocks, max_num_seqs, budget, caching
+):
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=caching)
     sched = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     # Every sequence fits the pool on its own (the engine refuses longer requests), so all must finish.
@@ -155,15 +158,17 @@ def test_every_request_finishes_or_is_aborted_and_no_block_leaks(prompts, output
             return
         parents.discard(seq.seq_id)
         for _ in range(forks[seq.seq_id]):
-            child = Sequence(seq_id=len(all_seqs) + 100, request_id=seq.request_id,
-                             prompt_token_ids=list(seq.prompt_token_ids))
+            child = Sequence(
+                seq_id=len(all_seqs) + 100, request_id=seq.request_id, prompt_token_ids=list(seq.prompt_token_ids)
+            )
             want[child.seq_id] = want[seq.seq_id]
             all_seqs.append(child)
             sched.add_forked(seq, child)
+
     for step in range(2_000):
         for index in abort_at.get(step, []):
             if index < len(seqs):
-                for seq in all_seqs:     # a request's abort ends all its choices
+                for seq in all_seqs:  # a request's abort ends all its choices
                     if seq.request_id == seqs[index].request_id:
                         sched.finish(seq, FinishReason.ABORT)
         if not sched.has_unfinished():

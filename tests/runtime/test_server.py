@@ -39,8 +39,16 @@ def test_completion_continues_the_zen_line_with_usage(client, server):
 
 def test_streamed_completion_equals_the_whole_one_and_reports_usage(client):
     whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -62,8 +70,16 @@ def test_chat_completion_streamed_and_whole_agree(client):
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
     assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content
     assert whole.object == "chat.completion" and whole.usage.completion_tokens <= 16
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -76,8 +92,9 @@ def test_stop_string_ends_the_completion_before_it(client):
     assert "\n" in free
     stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stop=["\n"])
     assert stopped.choices[0].text == free.split("\n")[0] and stopped.choices[0].finish_reason == "stop"
-    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stop="\n",
-                                         stream=True)
+    streamed = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stop="\n", stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed) == free.split("\n")[0]
 
 
@@ -85,16 +102,18 @@ def test_n_choices_are_indexed_and_counted(client):
     # A prompt off the training text, so the model is unsure and choices can differ.
     r = client.completions.create(model=MODEL, prompt="xyz q", max_tokens=8, temperature=1.0, n=3, seed=1)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
-    assert len({c.text for c in r.choices}) > 1      # seeded, but each choice draws its own tokens
+    assert len({c.text for c in r.choices}) > 1  # seeded, but each choice draws its own tokens
     again = client.completions.create(model=MODEL, prompt="xyz q", max_tokens=8, temperature=1.0, n=3, seed=1)
     assert [c.text for c in again.choices] == [c.text for c in r.choices]
     assert r.usage.completion_tokens <= 24 and r.usage.completion_tokens >= 3
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Simple is"}], n=2,
-                                          max_tokens=4)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Simple is"}], n=2, max_tokens=4
+    )
     assert sorted(c.index for c in chat.choices) == [0, 1]
     streamed: dict[int, str] = {}
-    for chunk in client.completions.create(model=MODEL, prompt="xyz q", max_tokens=8, temperature=1.0, n=3, seed=1,
-                                           stream=True):
+    for chunk in client.completions.create(
+        model=MODEL, prompt="xyz q", max_tokens=8, temperature=1.0, n=3, seed=1, stream=True
+    ):
         for c in chunk.choices:
             streamed[c.index] = streamed.get(c.index, "") + c.text
     assert streamed == {c.index: c.text for c in r.choices}
@@ -107,16 +126,23 @@ def test_completion_logprobs_list_each_token_with_alternatives(client):
     assert "".join(lp.tokens) == r.choices[0].text
     assert all(v <= 0 for v in lp.token_logprobs)
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
-        assert len(top) <= 2 and max(top.values()) >= chosen - 1e-6    # greedy: the chosen token is the best
+        assert len(top) <= 2 and max(top.values()) >= chosen - 1e-6  # greedy: the chosen token is the best
 
 
 def test_chat_logprobs_carry_top_alternatives(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Flat is"}], max_tokens=4,
-                                       temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Flat is"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
-    assert all(len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob >= entry.logprob - 1e-6
-               for entry in content)
+    assert all(
+        len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob >= entry.logprob - 1e-6 for entry in content
+    )
 
 
 def test_models_health_and_ready(server, client):
@@ -138,14 +164,22 @@ def test_metrics_expose_gateway_gauges_latencies_and_token_counts(server, client
     assert 0 <= sample(after, "inferfleet:kv_cache_usage_perc") <= 1
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
         assert f"# TYPE inferfleet:{name} histogram" in after
-    assert sample(after, "inferfleet:e2e_request_latency_seconds_count") == \
-        sample(before, "inferfleet:e2e_request_latency_seconds_count") + 1
-    assert sample(after, "inferfleet:inter_token_latency_seconds_count") == \
-        sample(before, "inferfleet:inter_token_latency_seconds_count") + 3
-    assert sample(after, "inferfleet:generation_tokens_total") - sample(before, "inferfleet:generation_tokens_total") \
+    assert (
+        sample(after, "inferfleet:e2e_request_latency_seconds_count")
+        == sample(before, "inferfleet:e2e_request_latency_seconds_count") + 1
+    )
+    assert (
+        sample(after, "inferfleet:inter_token_latency_seconds_count")
+        == sample(before, "inferfleet:inter_token_latency_seconds_count") + 3
+    )
+    assert (
+        sample(after, "inferfleet:generation_tokens_total") - sample(before, "inferfleet:generation_tokens_total")
         == r.usage.completion_tokens
-    assert sample(after, "inferfleet:prompt_tokens_total") - sample(before, "inferfleet:prompt_tokens_total") \
+    )
+    assert (
+        sample(after, "inferfleet:prompt_tokens_total") - sample(before, "inferfleet:prompt_tokens_total")
         == r.usage.prompt_tokens
+    )
     assert "# TYPE inferfleet:num_preemptions_total counter" in after
 
 
@@ -165,18 +199,32 @@ def test_a_list_of_prompts_gets_n_choices_each(client, server):
 
 def test_extra_sampling_fields_are_honoured(client, server):
     greedy = client.completions.create(model=MODEL, prompt="xyz q", max_tokens=6, temperature=0).choices[0].text
-    top1 = client.completions.create(model=MODEL, prompt="xyz q", max_tokens=6, temperature=1.5, seed=3,
-                                     extra_body={"top_k": 1}).choices[0].text
+    top1 = (
+        client.completions.create(
+            model=MODEL, prompt="xyz q", max_tokens=6, temperature=1.5, seed=3, extra_body={"top_k": 1}
+        )
+        .choices[0]
+        .text
+    )
     assert top1 == greedy
-    penalised = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
-                                          extra_body={"repetition_penalty": 5.0}).choices[0].text
+    penalised = (
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"repetition_penalty": 5.0}
+        )
+        .choices[0]
+        .text
+    )
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     assert penalised != plain
-    first_token = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
-                                            logprobs=0).choices[0].logprobs.tokens[1]
+    first_token = (
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, logprobs=0)
+        .choices[0]
+        .logprobs.tokens[1]
+    )
     stop_id = server.engine.tokenizer.encode(first_token, add_special_tokens=False)
-    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
-                                        extra_body={"stop_token_ids": stop_id[:1]})
+    stopped = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"stop_token_ids": stop_id[:1]}
+    )
     assert stopped.choices[0].finish_reason == "stop" and len(stopped.choices[0].text) < len(plain)
 
 

@@ -44,8 +44,11 @@ def assert_error(response, status, param):
 def test_unknown_model_is_404(client, server):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt=PROMPT)
-    error = assert_error(post(server, "/v1/chat/completions",
-                              {"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}), 404, "model")
+    error = assert_error(
+        post(server, "/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}),
+        404,
+        "model",
+    )
     assert "gpt-4" in error["message"]
 
 
@@ -56,32 +59,39 @@ def test_prompt_plus_max_tokens_over_the_context_is_400_with_the_numbers(server,
     message = caught.value.body["message"]
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in message
     assert f"requested {num_prompt + 60} tokens ({num_prompt} in the prompt, 60 in the completion)" in message
-    error = assert_error(post(server, "/v1/chat/completions", {
-        "model": MODEL, "messages": [{"role": "user", "content": "x " * 80}]}), 400, "prompt")
+    error = assert_error(
+        post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x " * 80}]}),
+        400,
+        "prompt",
+    )
     assert f"{MAX_MODEL_LEN} tokens" in error["message"]
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "temperature": "hot"}, "temperature"),
-    ("/v1/completions", {"model": MODEL}, "prompt"),
-    ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "n": 0}, "n"),
-    ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": -3}, "max_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "top_p": 1.5}, "top_p"),
-    ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "logprobs": 50}, "logprobs"),
-    ("/v1/completions", {"model": MODEL, "prompt": [5, 10**9]}, "prompt"),
-    ("/v1/completions", {"model": MODEL, "prompt": []}, "prompt"),
-    ("/v1/completions", {"prompt": PROMPT}, "model"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": 5}, "stop"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "temperature": "hot"}, "temperature"),
+        ("/v1/completions", {"model": MODEL}, "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "n": 0}, "n"),
+        ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": -3}, "max_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "top_p": 1.5}, "top_p"),
+        ("/v1/completions", {"model": MODEL, "prompt": PROMPT, "logprobs": 50}, "logprobs"),
+        ("/v1/completions", {"model": MODEL, "prompt": [5, 10**9]}, "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": []}, "prompt"),
+        ("/v1/completions", {"prompt": PROMPT}, "model"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": 5}, "stop"),
+    ],
+)
 def test_malformed_body_is_400_naming_the_field(server, path, body, param):
     assert_error(post(server, path, body), 400, param)
 
 
 def test_body_that_is_not_json_is_400(server):
-    response = httpx.post(f"{server.base_url}/v1/completions", content=b"{not json",
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{server.base_url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and "error" in response.json()
 
 
@@ -110,9 +120,11 @@ def test_bad_requests_do_not_disturb_a_running_stream(server, client):
     thread = threading.Thread(target=stream)
     thread.start()
     assert started.wait(30)
-    statuses = [post(server, "/v1/completions", {"model": "nope", "prompt": "x"}).status_code,
-                post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 100}).status_code,
-                post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "n": "many"}).status_code]
+    statuses = [
+        post(server, "/v1/completions", {"model": "nope", "prompt": "x"}).status_code,
+        post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 100}).status_code,
+        post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "n": "many"}).status_code,
+    ]
     thread.join(60)
     assert statuses == [404, 400, 400]
     assert "".join(got) == want

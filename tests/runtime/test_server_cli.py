@@ -18,8 +18,9 @@ from .server_harness import free_port
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "inferfleet_runtime.cli", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "inferfleet_runtime.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_unknown_subcommand_exits_2_naming_the_choices(capsys):
@@ -41,7 +42,7 @@ def test_serve_refuses_a_directory_without_a_model(tmp_path, capsys):
 
 
 def test_serve_compiled_without_the_compiled_engine_says_so(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "inferfleet_runtime.compiled", None)   # as in a build without it
+    monkeypatch.setitem(sys.modules, "inferfleet_runtime.compiled", None)  # as in a build without it
     # An earlier test may have imported it, and `from package import name` reads the attribute first.
     monkeypatch.delattr(sys.modules["inferfleet_runtime"], "compiled", raising=False)
     (tmp_path / "manifest.json").write_text("{}")
@@ -61,10 +62,30 @@ def test_serve_refuses_bad_flag_values():
 def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_dir):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "inferfleet_runtime.cli", "serve", "--model", str(demo_model_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--kernels", "reference",
-                             "--num-kv-blocks", "256", "--log-level", "warning"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferfleet_runtime.cli",
+            "serve",
+            "--model",
+            str(demo_model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kernels",
+            "reference",
+            "--num-kv-blocks",
+            "256",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -79,8 +100,12 @@ def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_
             time.sleep(0.2)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["inferfleet-demo"]
-        reply = client.chat.completions.create(model="inferfleet-demo", max_tokens=8, temperature=0,
-                                               messages=[{"role": "user", "content": "Complete: Beautiful is"}])
+        reply = client.chat.completions.create(
+            model="inferfleet-demo",
+            max_tokens=8,
+            temperature=0,
+            messages=[{"role": "user", "content": "Complete: Beautiful is"}],
+        )
         assert reply.choices[0].message.content and reply.usage.completion_tokens <= 8
     finally:
         proc.send_signal(signal.SIGINT)
@@ -99,16 +124,48 @@ def parse_serve(*argv):
 
 
 def test_serve_flags_map_onto_the_engine_config():
-    config = serve_cli.config_from_args(parse_serve(
-        "--model", "m", "--dtype", "bfloat16", "--block-size", "8", "--kv-cache-memory", "2GiB",
-        "--max-num-seqs", "3", "--max-num-batched-tokens", "77", "--max-model-len", "99", "--max-queue-len", "5",
-        "--no-prefix-caching", "--kernels", "triton"))
-    assert (config.dtype, config.block_size, config.kv_cache_memory, config.num_kv_blocks) == ("bfloat16", 8, 2**31, None)
-    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, config.max_queue_len) == \
-        (3, 77, 99, 5)
+    config = serve_cli.config_from_args(
+        parse_serve(
+            "--model",
+            "m",
+            "--dtype",
+            "bfloat16",
+            "--block-size",
+            "8",
+            "--kv-cache-memory",
+            "2GiB",
+            "--max-num-seqs",
+            "3",
+            "--max-num-batched-tokens",
+            "77",
+            "--max-model-len",
+            "99",
+            "--max-queue-len",
+            "5",
+            "--no-prefix-caching",
+            "--kernels",
+            "triton",
+        )
+    )
+    assert (config.dtype, config.block_size, config.kv_cache_memory, config.num_kv_blocks) == (
+        "bfloat16",
+        8,
+        2**31,
+        None,
+    )
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, config.max_queue_len) == (
+        3,
+        77,
+        99,
+        5,
+    )
     assert (config.enable_prefix_caching, config.kernels) == (False, "triton")
     defaults = serve_cli.config_from_args(parse_serve("--model", "m", "--num-kv-blocks", "40"))
-    assert (defaults.num_kv_blocks, defaults.block_size, defaults.dtype, defaults.enable_prefix_caching) == \
-        (40, 16, None, True)
+    assert (defaults.num_kv_blocks, defaults.block_size, defaults.dtype, defaults.enable_prefix_caching) == (
+        40,
+        16,
+        None,
+        True,
+    )
     args = parse_serve("--engine-dir", "e")
     assert (args.host, args.port, args.engine) == ("0.0.0.0", 8000, None)

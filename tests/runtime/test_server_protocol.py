@@ -4,9 +4,25 @@ from inferfleet_runtime.server.protocol import ChatCompletionRequest, Completion
 
 
 def test_completion_fields_map_onto_sampling_params():
-    body = CompletionRequest(model="m", prompt="p", max_tokens=7, temperature=0.5, top_p=0.8, n=2, seed=9, stop="x",
-                             presence_penalty=0.1, frequency_penalty=0.2, logprobs=3, top_k=5, min_p=0.05,
-                             repetition_penalty=1.3, stop_token_ids=[4], ignore_eos=True, skip_special_tokens=False)
+    body = CompletionRequest(
+        model="m",
+        prompt="p",
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.8,
+        n=2,
+        seed=9,
+        stop="x",
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
+        logprobs=3,
+        top_k=5,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        stop_token_ids=[4],
+        ignore_eos=True,
+        skip_special_tokens=False,
+    )
     p = body.sampling_params(body.max_tokens, body.logprobs)
     assert (p.max_tokens, p.temperature, p.top_p, p.n, p.seed, p.stop) == (7, 0.5, 0.8, 2, 9, ["x"])
     assert (p.presence_penalty, p.frequency_penalty, p.logprobs, p.top_k, p.min_p) == (0.1, 0.2, 3, 5, 0.05)
@@ -30,5 +46,6 @@ def test_chat_max_completion_tokens_wins_and_logprobs_need_the_flag():
     with_flag = ChatCompletionRequest(model="m", messages=msgs, logprobs=True, top_logprobs=2)
     assert with_flag.num_logprobs == 2 and with_flag.resolved_max_tokens is None
     assert ChatCompletionRequest(model="m", messages=msgs, logprobs=True).num_logprobs == 0
-    assert ChatCompletionRequest(model="m", messages=msgs, stream=True,
-                                 stream_options={"include_usage": True}).include_usage
+    assert ChatCompletionRequest(
+        model="m", messages=msgs, stream=True, stream_options={"include_usage": True}
+    ).include_usage

@@ -21,5 +21,5 @@ def arrival_offsets(num_requests: int, request_rate: float, burstiness: float = 
         return [0.0] * num_requests
     rng = np.random.default_rng(seed)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num_requests)
-    gaps[0] = 0.0               # the first request goes at once
+    gaps[0] = 0.0  # the first request goes at once
     return np.cumsum(gaps).tolist()

@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .datasets import parse_range
 
@@ -17,35 +17,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import compare
 
     sub = parser.add_subparsers(dest="bench_command", metavar="{serve,compare}", required=True)
-    compare.add_arguments(sub.add_parser(
-        "compare", help="this runtime against llama-server on the same model and prompts",
-        description="Starts this runtime (and llama-server when found) on the same model, sends the same token-id "
-                    "prompts at several concurrencies and prints output tokens/s with ratios."))
-    serve = sub.add_parser("serve", help="benchmark a running OpenAI-compatible server",
-                           description="Sends streaming completions at a request rate and reports latency metrics.")
+    compare.add_arguments(
+        sub.add_parser(
+            "compare",
+            help="this runtime against llama-server on the same model and prompts",
+            description="Starts this runtime (and llama-server when found) on the same model, sends the same token-id "
+            "prompts at several concurrencies and prints output tokens/s with ratios.",
+        )
+    )
+    serve = sub.add_parser(
+        "serve",
+        help="benchmark a running OpenAI-compatible server",
+        description="Sends streaming completions at a request rate and reports latency metrics.",
+    )
     serve.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     serve.add_argument("--model", default=None, help="model id to request (default: the first in /v1/models)")
     serve.add_argument("--dataset", choices=("random", "sharegpt"), default="random")
     serve.add_argument("--dataset-path", default=None, help="ShareGPT-format JSON file (for --dataset sharegpt)")
     serve.add_argument("--num-prompts", type=_positive_int, default=100, help="requests to send")
-    serve.add_argument("--random-input-len", type=_range, default=(32, 32), metavar="N|LOW:HIGH",
-                       help="prompt length range in tokens for --dataset random (default 32)")
-    serve.add_argument("--random-output-len", type=_range, default=(32, 32), metavar="N|LOW:HIGH",
-                       help="max_tokens range for --dataset random (default 32)")
-    serve.add_argument("--sharegpt-output-len", type=_positive_int, default=None,
-                       help="max_tokens for every ShareGPT request (default: the reply's length)")
-    serve.add_argument("--tokenizer", metavar="DIR", default=None,
-                       help="count tokens with this model directory's tokenizer (default: approximate by words)")
-    serve.add_argument("--request-rate", type=float, default=float("inf"),
-                       help="requests per second (default inf: all at once)")
-    serve.add_argument("--burstiness", type=float, default=1.0,
-                       help="gamma shape of the arrival gaps: 1 is a Poisson process, lower is burstier")
+    serve.add_argument(
+        "--random-input-len",
+        type=_range,
+        default=(32, 32),
+        metavar="N|LOW:HIGH",
+        help="prompt length range in tokens for --dataset random (default 32)",
+    )
+    serve.add_argument(
+        "--random-output-len",
+        type=_range,
+        default=(32, 32),
+        metavar="N|LOW:HIGH",
+        help="max_tokens range for --dataset random (default 32)",
+    )
+    serve.add_argument(
+        "--sharegpt-output-len",
+        type=_positive_int,
+        default=None,
+        help="max_tokens for every ShareGPT request (default: the reply's length)",
+    )
+    serve.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        default=None,
+        help="count tokens with this model directory's tokenizer (default: approximate by words)",
+    )
+    serve.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="requests per second (default inf: all at once)"
+    )
+    serve.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the arrival gaps: 1 is a Poisson process, lower is burstier",
+    )
     serve.add_argument("--max-concurrency", type=_positive_int, default=None, help="requests in flight at most")
-    serve.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
-                       help="SLOs for goodput, e.g. ttft:500 tpot:50 (keys ttft, tpot, e2el; milliseconds)")
+    serve.add_argument(
+        "--goodput",
+        nargs="+",
+        default=[],
+        metavar="KEY:MS",
+        help="SLOs for goodput, e.g. ttft:500 tpot:50 (keys ttft, tpot, e2el; milliseconds)",
+    )
     serve.add_argument("--temperature", type=float, default=0.0)
-    serve.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                       help="let requests stop at end-of-sequence (default: generate max_tokens each)")
+    serve.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="let requests stop at end-of-sequence (default: generate max_tokens each)",
+    )
     serve.add_argument("--seed", type=int, default=0, help="seeds prompts, sampling order and arrivals")
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     serve.add_argument("--result-json", metavar="FILE", default=None, help="write metrics and per-request data")
@@ -58,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         return serve(args)
     if args.bench_command == "compare":
         from .compare import run as compare
+
         return compare(args)
     return _fail(f"unknown bench command {args.bench_command!r}")
 
@@ -81,10 +121,22 @@ def serve(args: argparse.Namespace) -> int:
     progress = None
     if args.progress:
         from tqdm import tqdm
+
         progress = tqdm(total=len(samples), desc="requests", unit="req", file=sys.stderr)
     try:
-        results, duration = asyncio.run(run_requests(args.url, model, samples, offsets, args.max_concurrency,
-                                                     args.ignore_eos, args.temperature, args.timeout, progress))
+        results, duration = asyncio.run(
+            run_requests(
+                args.url,
+                model,
+                samples,
+                offsets,
+                args.max_concurrency,
+                args.ignore_eos,
+                args.temperature,
+                args.timeout,
+                progress,
+            )
+        )
     finally:
         if progress is not None:
             progress.close()
@@ -94,15 +146,25 @@ def serve(args: argparse.Namespace) -> int:
     for error in errors[:5]:
         print(f"error: {error}", file=sys.stderr)
     if args.result_json:
-        config = {"url": args.url, "model": model, "dataset": args.dataset, "dataset_path": args.dataset_path,
-                  "num_prompts": len(samples), "request_rate": _json_rate(args.request_rate),
-                  "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
-                  "tokenizer": args.tokenizer, "ignore_eos": args.ignore_eos,
-                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        config = {
+            "url": args.url,
+            "model": model,
+            "dataset": args.dataset,
+            "dataset_path": args.dataset_path,
+            "num_prompts": len(samples),
+            "request_rate": _json_rate(args.request_rate),
+            "burstiness": args.burstiness,
+            "max_concurrency": args.max_concurrency,
+            "seed": args.seed,
+            "tokenizer": args.tokenizer,
+            "ignore_eos": args.ignore_eos,
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
         with open(args.result_json, "w") as f:
             json.dump({"config": config, **summary, "requests": per_request(results)}, f, indent=1)
     if args.plot:
         from .plot import write_plot
+
         try:
             write_plot(results, summary, args.plot)
         except ImportError as exc:
@@ -116,6 +178,7 @@ def _samples(args: argparse.Namespace):
     count = word_count
     if args.tokenizer:
         from inferfleet_runtime.tokenizer import Tokenizer
+
         try:
             count = token_counter(Tokenizer.from_dir(args.tokenizer))
         except Exception as exc:
@@ -129,6 +192,7 @@ def _samples(args: argparse.Namespace):
 
 async def _model(url: str, served_model) -> str:
     import httpx
+
     async with httpx.AsyncClient(timeout=30) as client:
         return await served_model(client, url)
 

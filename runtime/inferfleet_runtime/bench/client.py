@@ -17,11 +17,11 @@ class RequestResult:
     prompt_len: int
     expected_output_len: int
     success: bool = False
-    output_len: int = 0                  # completion tokens (the server's usage, else content chunks)
-    ttft: float = 0.0                    # seconds from send to the first content chunk
-    latency: float = 0.0                 # seconds from send to the end of the stream (E2EL)
-    itl: list[float] = field(default_factory=list)   # seconds between successive content chunks
-    start: float = 0.0                   # seconds since the benchmark started
+    output_len: int = 0  # completion tokens (the server's usage, else content chunks)
+    ttft: float = 0.0  # seconds from send to the first content chunk
+    latency: float = 0.0  # seconds from send to the end of the stream (E2EL)
+    itl: list[float] = field(default_factory=list)  # seconds between successive content chunks
+    start: float = 0.0  # seconds since the benchmark started
     error: str = ""
 
 
@@ -41,13 +41,26 @@ async def served_model(client: httpx.AsyncClient, url: str) -> str:
     return models[0]["id"]
 
 
-async def send_completion(client: httpx.AsyncClient, url: str, model: str, sample: SampleRequest,
-                          ignore_eos: bool, temperature: float, started_at: float) -> RequestResult:
+async def send_completion(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    sample: SampleRequest,
+    ignore_eos: bool,
+    temperature: float,
+    started_at: float,
+) -> RequestResult:
     result = RequestResult(sample.prompt_len, sample.expected_output_len)
-    body = {"model": model, "prompt": sample.prompt, "max_tokens": sample.expected_output_len,
-            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": sample.prompt,
+        "max_tokens": sample.expected_output_len,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if ignore_eos:
-        body["ignore_eos"] = True    # a vLLM extension; servers without it generally ignore unknown fields
+        body["ignore_eos"] = True  # a vLLM extension; servers without it generally ignore unknown fields
     sent = time.perf_counter()
     result.start = sent - started_at
     last = sent
@@ -91,9 +104,17 @@ async def send_completion(client: httpx.AsyncClient, url: str, model: str, sampl
     return result
 
 
-async def run_requests(url: str, model: str, samples: list[SampleRequest], offsets: list[float],
-                       max_concurrency: int | None, ignore_eos: bool = True, temperature: float = 0.0,
-                       timeout: float = 600.0, progress=None) -> tuple[list[RequestResult], float]:
+async def run_requests(
+    url: str,
+    model: str,
+    samples: list[SampleRequest],
+    offsets: list[float],
+    max_concurrency: int | None,
+    ignore_eos: bool = True,
+    temperature: float = 0.0,
+    timeout: float = 600.0,
+    progress=None,
+) -> tuple[list[RequestResult], float]:
     """Sends samples[i] at offsets[i] seconds (waiting for a free slot when max_concurrency is reached);
     returns the results in sample order and the benchmark's wall seconds."""
     limit = max_concurrency or len(samples) or 1

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -33,8 +33,8 @@ OURS, LLAMA = "inferfleet", "llama-server"
 @dataclass
 class ServerSpec:
     name: str
-    argv: list[str]                 # with {port} where the port goes
-    ready_path: str                 # GET answering 200 once the model is loaded
+    argv: list[str]  # with {port} where the port goes
+    ready_path: str  # GET answering 200 once the model is loaded
     env: dict = field(default_factory=dict)
 
 
@@ -44,7 +44,7 @@ class LevelResult:
     output_tokens: int
     seconds: float
     p50_latency_s: float
-    load_avg: float                 # 1-minute load average when the level finished
+    load_avg: float  # 1-minute load average when the level finished
     errors: list[str]
 
     @property
@@ -53,13 +53,25 @@ class LevelResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", default=None,
-                        help="Hugging Face Llama checkpoint (default: a random Llama of the issue's shape, hidden "
-                             "512, 8 layers, 8/4 heads, vocab 4096, float32, written once into the cache)")
-    parser.add_argument("--llama-server", metavar="PATH", default=None,
-                        help="llama-server binary (default: llama-server on PATH; none: this runtime alone)")
-    parser.add_argument("--gguf", metavar="FILE", default=None,
-                        help="GGUF of the same weights (default: written from --model with the gguf package)")
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="Hugging Face Llama checkpoint (default: a random Llama of the issue's shape, hidden "
+        "512, 8 layers, 8/4 heads, vocab 4096, float32, written once into the cache)",
+    )
+    parser.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        default=None,
+        help="llama-server binary (default: llama-server on PATH; none: this runtime alone)",
+    )
+    parser.add_argument(
+        "--gguf",
+        metavar="FILE",
+        default=None,
+        help="GGUF of the same weights (default: written from --model with the gguf package)",
+    )
     parser.add_argument("--concurrency", default="1,8,32", help="requests in flight, comma-separated")
     parser.add_argument("--num-prompts", type=_positive_int, default=64)
     parser.add_argument("--input-len", default="32:128", help="prompt tokens, N or LOW:HIGH")
@@ -116,13 +128,23 @@ def run(args: argparse.Namespace) -> int:
     for error in errors[:5]:
         print(f"error: {error}", file=sys.stderr)
     if args.result_json:
-        config = {"model": str(model_dir), "servers": {s.name: " ".join(s.argv) for s in specs},
-                  "concurrency": levels, "num_prompts": args.num_prompts, "input_len": list(input_len),
-                  "output_len": args.output_len, "rounds": args.rounds, "seed": args.seed,
-                  "llama_server_found": bool(llama), "cpu_count": os.cpu_count(),
-                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        raw = {name: [[vars(lvl) | {"tok_s": lvl.tok_s} for lvl in rnd] for rnd in rounds]
-               for name, rounds in results.items()}
+        config = {
+            "model": str(model_dir),
+            "servers": {s.name: " ".join(s.argv) for s in specs},
+            "concurrency": levels,
+            "num_prompts": args.num_prompts,
+            "input_len": list(input_len),
+            "output_len": args.output_len,
+            "rounds": args.rounds,
+            "seed": args.seed,
+            "llama_server_found": bool(llama),
+            "cpu_count": os.cpu_count(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        raw = {
+            name: [[vars(lvl) | {"tok_s": lvl.tok_s} for lvl in rnd] for rnd in rounds]
+            for name, rounds in results.items()
+        }
         Path(args.result_json).write_text(json.dumps({"config": config, "summary": summary, "rounds": raw}, indent=1))
     if args.plot:
         try:
@@ -145,7 +167,7 @@ def default_model() -> Path:
         write_random_llama(tmp, Shape(), seed=0)
         try:
             tmp.rename(out)
-        except OSError:      # another process finished first
+        except OSError:  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
     return out
 
@@ -171,8 +193,21 @@ def token_prompts(num: int, input_len: tuple[int, int], vocab_size: int, seed: i
 
 # -- servers -----------------------------------------------------------------------------------------------------
 def ours_spec(model_dir: Path, extra: str) -> ServerSpec:
-    argv = [sys.executable, "-m", "inferfleet_runtime.cli", "serve", "--model", str(model_dir),
-            "--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning", *extra.split()]
+    argv = [
+        sys.executable,
+        "-m",
+        "inferfleet_runtime.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--log-level",
+        "warning",
+        *extra.split(),
+    ]
     return ServerSpec(OURS, argv, "/ready")
 
 
@@ -180,8 +215,23 @@ def llama_spec(binary: str, gguf: Path, args: argparse.Namespace) -> ServerSpec:
     # Each of the -np slots gets ctx / np tokens: enough for the longest prompt plus its output.
     per_slot = int(args.input_len.split(":")[-1]) + args.output_len + 16
     ctx = args.parallel * per_slot
-    argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "-np", str(args.parallel), "-cb",
-            "-t", str(args.threads), "-c", str(ctx), *args.llama_server_args.split()]
+    argv = [
+        binary,
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "-np",
+        str(args.parallel),
+        "-cb",
+        "-t",
+        str(args.threads),
+        "-c",
+        str(ctx),
+        *args.llama_server_args.split(),
+    ]
     return ServerSpec(LLAMA, argv, "/health")
 
 
@@ -191,8 +241,9 @@ def measure(spec: ServerSpec, prompts: list[list[int]], levels: list[int], args)
     argv = [a.replace("{port}", str(port)) for a in spec.argv]
     # The server's log goes to a file, never to a pipe nobody reads: a full pipe would block the server mid-run.
     with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **spec.env},
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **spec.env}, start_new_session=True
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(process, log, url + spec.ready_path, args.startup_timeout, spec.name)
@@ -207,8 +258,7 @@ def _wait_ready(process: subprocess.Popen, log, url: str, timeout: float, name: 
     while time.monotonic() < deadline:
         if process.poll() is not None:
             log.seek(0)
-            raise RuntimeError(f"{name} exited with code {process.returncode} before it was ready: "
-                               f"{log.read()[-600:]}")
+            raise RuntimeError(f"{name} exited with code {process.returncode} before it was ready: {log.read()[-600:]}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
@@ -224,7 +274,7 @@ def _warm_up(url: str, prompt: list[int], timeout: float, name: str) -> None:
     while True:
         try:
             errors = asyncio.run(run_level(url, [prompt], 1, 2, timeout)).errors
-        except httpx.HTTPStatusError as exc:      # /v1/models answering 503
+        except httpx.HTTPStatusError as exc:  # /v1/models answering 503
             errors = [f"HTTP {exc.response.status_code}: {exc}"]
         if not errors:
             return
@@ -244,8 +294,9 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 # -- the client --------------------------------------------------------------------------------------------------
-async def run_level(url: str, prompts: list[list[int]], concurrency: int, max_tokens: int,
-                    timeout: float) -> LevelResult:
+async def run_level(
+    url: str, prompts: list[list[int]], concurrency: int, max_tokens: int, timeout: float
+) -> LevelResult:
     """Sends every prompt, `concurrency` at a time, as a non-streaming greedy completion with ignore_eos."""
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -253,8 +304,14 @@ async def run_level(url: str, prompts: list[list[int]], concurrency: int, max_to
         model = await _model_id(client, url)
 
         async def one(prompt: list[int]) -> tuple[int, float, str]:
-            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                    "ignore_eos": True, "stream": False}
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": False,
+            }
             async with semaphore:
                 sent = time.perf_counter()
                 try:
@@ -271,9 +328,14 @@ async def run_level(url: str, prompts: list[list[int]], concurrency: int, max_to
         done = await asyncio.gather(*(one(p) for p in prompts))
         seconds = time.perf_counter() - started
     latencies = [lat for n, lat, err in done if not err]
-    return LevelResult(concurrency, sum(n for n, _, _ in done), seconds,
-                       statistics.median(latencies) if latencies else 0.0, os.getloadavg()[0],
-                       [err for _, _, err in done if err])
+    return LevelResult(
+        concurrency,
+        sum(n for n, _, _ in done),
+        seconds,
+        statistics.median(latencies) if latencies else 0.0,
+        os.getloadavg()[0],
+        [err for _, _, err in done if err],
+    )
 
 
 async def _model_id(client: httpx.AsyncClient, url: str) -> str:
@@ -291,9 +353,13 @@ def summarize(results: dict[str, list[list[LevelResult]]], levels: list[int]) ->
         for name, rounds in results.items():
             runs = [rnd[i] for rnd in rounds]
             tok_s = [r.tok_s for r in runs]
-            entry[name] = {"best_tok_s": max(tok_s), "median_tok_s": statistics.median(tok_s), "tok_s": tok_s,
-                           "p50_latency_s": statistics.median(r.p50_latency_s for r in runs),
-                           "load_avg": [r.load_avg for r in runs]}
+            entry[name] = {
+                "best_tok_s": max(tok_s),
+                "median_tok_s": statistics.median(tok_s),
+                "tok_s": tok_s,
+                "p50_latency_s": statistics.median(r.p50_latency_s for r in runs),
+                "load_avg": [r.load_avg for r in runs],
+            }
         if LLAMA in entry:
             entry["ratio_best"] = entry[OURS]["best_tok_s"] / max(entry[LLAMA]["best_tok_s"], 1e-9)
             entry["ratio_median"] = entry[OURS]["median_tok_s"] / max(entry[LLAMA]["median_tok_s"], 1e-9)
@@ -303,21 +369,24 @@ def summarize(results: dict[str, list[list[LevelResult]]], levels: list[int]) ->
 
 def format_table(summary: dict, specs: list[ServerSpec], args) -> str:
     has_llama = any(s.name == LLAMA for s in specs)
-    lines = [f"output tokens/s over {args.rounds} round(s), best / median; {args.num_prompts} prompts of "
-             f"{args.input_len} tokens, {args.output_len} new tokens each (ignore_eos, greedy, non-streaming)"]
+    lines = [
+        f"output tokens/s over {args.rounds} round(s), best / median; {args.num_prompts} prompts of "
+        f"{args.input_len} tokens, {args.output_len} new tokens each (ignore_eos, greedy, non-streaming)"
+    ]
     head = f"{'conc':>5} | {'inferfleet best/med':>21} | {'p50 lat':>8}"
     if has_llama:
         head += f" | {'llama-server best/med':>21} | {'p50 lat':>8} | {'ratio best/med':>14}"
     lines += [head + f" | {'load avg':>14}", "-" * len(head + " | load avg      ")]
     for level, entry in summary["levels"].items():
         ours = entry[OURS]
-        row = (f"{level:>5} | {ours['best_tok_s']:>10.1f} /{ours['median_tok_s']:>9.1f} | "
-               f"{ours['p50_latency_s']:>7.2f}s")
+        row = f"{level:>5} | {ours['best_tok_s']:>10.1f} /{ours['median_tok_s']:>9.1f} | {ours['p50_latency_s']:>7.2f}s"
         loads = ours["load_avg"]
         if has_llama:
             theirs = entry[LLAMA]
-            row += (f" | {theirs['best_tok_s']:>10.1f} /{theirs['median_tok_s']:>9.1f} | "
-                    f"{theirs['p50_latency_s']:>7.2f}s | {entry['ratio_best']:>6.2f} /{entry['ratio_median']:>6.2f}")
+            row += (
+                f" | {theirs['best_tok_s']:>10.1f} /{theirs['median_tok_s']:>9.1f} | "
+                f"{theirs['p50_latency_s']:>7.2f}s | {entry['ratio_best']:>6.2f} /{entry['ratio_median']:>6.2f}"
+            )
             loads = loads + theirs["load_avg"]
         lines.append(row + f" | {min(loads):>5.1f}-{max(loads):<5.1f}")
     for spec in specs:
@@ -362,4 +431,5 @@ def _free_port() -> int:
 
 def _positive_int(text: str) -> int:
     from .cli import _positive_int as check
+
     return check(text)

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # A fixed word list so random prompts are reproducible and readable (words from the Zen of Python).
-WORDS = ("beautiful is better than ugly explicit implicit simple complex complicated flat nested sparse dense "
-         "readability counts special cases are not enough to break the rules although practicality beats purity "
-         "errors should never pass silently unless explicitly silenced in face of ambiguity refuse temptation "
-         "guess there one and preferably only obvious way do it now never often right idea namespaces honking "
-         "great let us more those").split()
+WORDS = (
+    "beautiful is better than ugly explicit implicit simple complex complicated flat nested sparse dense "
+    "readability counts special cases are not enough to break the rules although practicality beats purity "
+    "errors should never pass silently unless explicitly silenced in face of ambiguity refuse temptation "
+    "guess there one and preferably only obvious way do it now never often right idea namespaces honking "
+    "great let us more those"
+).split()
 
 
 class DatasetError(ValueError):
@@ -27,8 +29,8 @@ class DatasetError(ValueError):
 @dataclass(frozen=True)
 class SampleRequest:
     prompt: str
-    prompt_len: int            # tokens (or words without a tokenizer)
-    expected_output_len: int   # max_tokens sent with the request
+    prompt_len: int  # tokens (or words without a tokenizer)
+    expected_output_len: int  # max_tokens sent with the request
 
 
 Counter = Callable[[str], int]
@@ -43,7 +45,7 @@ def token_counter(tokenizer) -> Counter:
 
 
 def parse_range(text: str) -> tuple[int, int]:
-    """"32" -> (32, 32); "16:64" -> (16, 64); argparse type for the length options."""
+    """ "32" -> (32, 32); "16:64" -> (16, 64); argparse type for the length options."""
     lo, sep, hi = text.partition(":")
     try:
         low, high = int(lo), int(hi) if sep else int(lo)
@@ -54,8 +56,13 @@ def parse_range(text: str) -> tuple[int, int]:
     return low, high
 
 
-def random_requests(num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int], seed: int = 0,
-                    count: Counter = word_count) -> list[SampleRequest]:
+def random_requests(
+    num_requests: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    seed: int = 0,
+    count: Counter = word_count,
+) -> list[SampleRequest]:
     """num_requests prompts of random words, each with an input length and max_tokens drawn uniformly from the
     ranges; with a tokenizer counter, words are added until the prompt reaches its token length."""
     rng = random.Random(seed)
@@ -65,7 +72,7 @@ def random_requests(num_requests: int, input_len: tuple[int, int], output_len: t
         words = [rng.choice(WORDS) for _ in range(target)]
         prompt = " ".join(words)
         num_tokens = count(prompt)
-        while num_tokens < target:              # a tokenizer may merge words: top up
+        while num_tokens < target:  # a tokenizer may merge words: top up
             words.append(rng.choice(WORDS))
             prompt = " ".join(words)
             num_tokens = count(prompt)
@@ -77,9 +84,15 @@ def random_requests(num_requests: int, input_len: tuple[int, int], output_len: t
     return out
 
 
-def sharegpt_requests(path: str | Path, num_requests: int, seed: int = 0, count: Counter = word_count,
-                      output_len: int | None = None, min_len: int = 4, max_prompt_len: int | None = None
-                      ) -> list[SampleRequest]:
+def sharegpt_requests(
+    path: str | Path,
+    num_requests: int,
+    seed: int = 0,
+    count: Counter = word_count,
+    output_len: int | None = None,
+    min_len: int = 4,
+    max_prompt_len: int | None = None,
+) -> list[SampleRequest]:
     """The first human turn of each conversation as the prompt and the reply's length as max_tokens (or
     output_len for all), shuffled with seed; conversations shorter than min_len on either side are skipped."""
     try:

@@ -29,7 +29,7 @@ LAYER_TENSORS = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5     # llama.cpp token types
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5  # llama.cpp token types
 
 
 def rope_rows_interleaved(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -113,7 +113,7 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
                 weight = rope_rows_interleaved(weight, config.num_kv_heads)
             writer.add_tensor(f"blk.{n}.{gguf_suffix}", np.ascontiguousarray(weight))
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
-    lm_head = state.get("lm_head.weight", state["model.embed_tokens.weight"])   # tied embeddings: the same matrix
+    lm_head = state.get("lm_head.weight", state["model.embed_tokens.weight"])  # tied embeddings: the same matrix
     writer.add_tensor("output.weight", lm_head)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)

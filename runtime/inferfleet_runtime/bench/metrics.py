@@ -11,7 +11,7 @@ import numpy as np
 from .client import RequestResult
 
 PERCENTILES = (50, 90, 99)
-SLO_METRICS = ("ttft", "tpot", "e2el")   # --goodput keys, values in ms
+SLO_METRICS = ("ttft", "tpot", "e2el")  # --goodput keys, values in ms
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
@@ -74,7 +74,7 @@ def summarize(results: list[RequestResult], duration_s: float, slos: dict[str, f
         num_good = sum(meets_slos(r, slos) for r in done)
         summary["goodput_slos_ms"] = dict(slos)
         summary["num_good_requests"] = num_good
-        summary["goodput"] = num_good / duration_s if duration_s > 0 else 0.0      # requests/s
+        summary["goodput"] = num_good / duration_s if duration_s > 0 else 0.0  # requests/s
         summary["goodput_fraction"] = num_good / len(results) if results else 0.0
     return summary
 
@@ -102,8 +102,12 @@ def format_summary(summary: dict) -> str:
         row("Goodput fraction:", summary["goodput_fraction"])
     row("Output token throughput (tok/s):", summary["output_throughput"])
     row("Total token throughput (tok/s):", summary["total_token_throughput"])
-    for key, title in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token (excl. 1st token)"),
-                       ("itl_ms", "Inter-token Latency"), ("e2el_ms", "End-to-end Latency")):
+    for key, title in (
+        ("ttft_ms", "Time to First Token"),
+        ("tpot_ms", "Time per Output Token (excl. 1st token)"),
+        ("itl_ms", "Inter-token Latency"),
+        ("e2el_ms", "End-to-end Latency"),
+    ):
         lines.append(f"{'-' * 15} {title} {'-' * 15}")
         name = key.split("_")[0].upper()
         stats = summary[key]

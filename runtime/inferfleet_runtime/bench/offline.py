@@ -97,7 +97,7 @@ def run_engine(engine, work: Workload, profile_at: int | None = None) -> dict:
             if used > peak["used_blocks"]:
                 stored = sum(s.num_computed_tokens for s in engine.scheduler.running)
                 peak = {"used_blocks": used, "stored_tokens": stored}
-            if timed and timed_execute.is_decode_of == profile_at:    # a decode step of exactly N sequences
+            if timed and timed_execute.is_decode_of == profile_at:  # a decode step of exactly N sequences
                 split["steps"] += 1
                 split["step_s"] += step_s
                 split["execute_s"] += timed_execute.seconds
@@ -109,8 +109,13 @@ def run_engine(engine, work: Workload, profile_at: int | None = None) -> dict:
     seconds = time.perf_counter() - started
     ordered = [outputs[f"{base}-{i}"] for i in range(len(work.output_lens))]
     assert [len(o) for o in ordered] == work.output_lens, "an engine produced other lengths than requested"
-    return {"seconds": seconds, "tok_s": work.num_output_tokens / seconds, "outputs": ordered, "peak": peak,
-            "split": split}
+    return {
+        "seconds": seconds,
+        "tok_s": work.num_output_tokens / seconds,
+        "outputs": ordered,
+        "peak": peak,
+        "split": split,
+    }
 
 
 # -- Hugging Face baselines -------------------------------------------------------------------------------------
@@ -120,9 +125,10 @@ def hf_sequential(model, work: Workload) -> dict:
     started = time.perf_counter()
     for ids, n in zip(work.prompt_ids, work.output_lens):
         input_ids = torch.tensor([ids])
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n,
-                             min_new_tokens=n, do_sample=False)
-        outputs.append(out[0, len(ids):].tolist())
+        out = model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )
+        outputs.append(out[0, len(ids) :].tolist())
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "tok_s": work.num_output_tokens / seconds, "outputs": outputs}
 
@@ -135,15 +141,25 @@ def hf_padded_batch(model, work: Workload, pad_id: int) -> dict:
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in work.prompt_ids])
     longest = max(work.output_lens)
     started = time.perf_counter()
-    model.generate(input_ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
-                   do_sample=False, pad_token_id=pad_id)
+    model.generate(
+        input_ids,
+        attention_mask=mask,
+        max_new_tokens=longest,
+        min_new_tokens=longest,
+        do_sample=False,
+        pad_token_id=pad_id,
+    )
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tok_s": work.num_output_tokens / seconds,
-            "computed_tokens": longest * len(work.output_lens)}
+    return {
+        "seconds": seconds,
+        "tok_s": work.num_output_tokens / seconds,
+        "computed_tokens": longest * len(work.output_lens),
+    }
 
 
 def load_hf(model_dir: Path):
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
     return model
@@ -171,17 +187,39 @@ def compiled_engine_dir(model_dir: Path, args) -> tuple[Path | None, str]:
         return None, f"aotinductor is not available: {exc}"
     buckets = tuple(sorted({int(x) for x in args.compiled_decode_buckets.split(",") if x.strip()}))
     batch = buckets[-1]
-    envelope = Envelope(max_context_length=args.compiled_max_context_length, max_batch_size=batch,
-                        dtype="float32", decode_buckets=buckets,
-                        prefill_buckets=(min(64, args.compiled_max_context_length),))
+    envelope = Envelope(
+        max_context_length=args.compiled_max_context_length,
+        max_batch_size=batch,
+        dtype="float32",
+        decode_buckets=buckets,
+        prefill_buckets=(min(64, args.compiled_max_context_length),),
+    )
     cache = Path(os.environ.get("INFERFLEET_CACHE") or Path.home() / ".cache" / "inferfleet") / "compiled-engines"
-    out = cache / default_engine_key(model_dir, envelope, "aotinductor",
-                                                                 device_architecture(device))
+    out = cache / default_engine_key(model_dir, envelope, "aotinductor", device_architecture(device))
     started = time.monotonic()
-    code = cli(["compile", "--model", str(model_dir), "--out", str(out), "--backend", "aotinductor", "--device", "cpu",
-                "--max-context-length", str(envelope.max_context_length), "--max-batch-size", str(batch),
-                "--dtype", "float32", "--decode-buckets", ",".join(map(str, envelope.decode_buckets)),
-                "--prefill-buckets", ",".join(map(str, envelope.prefill_buckets))])
+    code = cli(
+        [
+            "compile",
+            "--model",
+            str(model_dir),
+            "--out",
+            str(out),
+            "--backend",
+            "aotinductor",
+            "--device",
+            "cpu",
+            "--max-context-length",
+            str(envelope.max_context_length),
+            "--max-batch-size",
+            str(batch),
+            "--dtype",
+            "float32",
+            "--decode-buckets",
+            ",".join(map(str, envelope.decode_buckets)),
+            "--prefill-buckets",
+            ",".join(map(str, envelope.prefill_buckets)),
+        ]
+    )
     if code != 0:
         return None, f"compile failed with exit code {code}"
     print(f"compiled engine ready in {time.monotonic() - started:.1f}s: {out}", flush=True)
@@ -198,12 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-compiled", action="store_true", help="leave the compiled engine out")
     parser.add_argument("--engine-dir", default=None, help="use this compiled engine instead of compiling one")
-    parser.add_argument("--compiled-decode-buckets", default="1,8,32,64",
-                        help="decode batch sizes compiled; the largest is the engine's batch cap")
+    parser.add_argument(
+        "--compiled-decode-buckets",
+        default="1,8,32,64",
+        help="decode batch sizes compiled; the largest is the engine's batch cap",
+    )
     parser.add_argument("--compiled-max-context-length", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads for every engine (default 1: no oversubscription on a shared "
-                             "machine; 0 keeps torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads for every engine (default 1: no oversubscription on a shared "
+        "machine; 0 keeps torch's default)",
+    )
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -225,21 +270,29 @@ def main(argv: list[str] | None = None) -> int:
     if engine_dir is not None:
         try:
             from inferfleet_runtime.compiled.runner import make_compiled_engine
+
             compiled = make_compiled_engine(engine_dir, EngineConfig(device="cpu"))
         except Exception as exc:
             why_skipped = f"the compiled engine did not load: {type(exc).__name__}: {exc}"
     if compiled is not None and compiled.max_model_len < args.input_len[1] + args.output_len[1]:
-        why_skipped = (f"the compiled envelope ({compiled.max_model_len} tokens) is shorter than the workload's "
-                       f"longest request ({args.input_len[1] + args.output_len[1]})")
+        why_skipped = (
+            f"the compiled envelope ({compiled.max_model_len} tokens) is shorter than the workload's "
+            f"longest request ({args.input_len[1] + args.output_len[1]})"
+        )
         compiled = None
 
-    print(f"model {model_dir} on cpu, torch threads {torch.get_num_threads()}; prompts {args.input_len[0]}.."
-          f"{args.input_len[1]} tokens, outputs {args.output_len[0]}..{args.output_len[1]} tokens per request "
-          f"(greedy, EOS ignored), seed {args.seed}")
-    print(f"compiled engine: {engine_dir} (max batch {compiled.config.max_num_seqs})" if compiled
-          else f"compiled engine: skipped ({why_skipped})")
+    print(
+        f"model {model_dir} on cpu, torch threads {torch.get_num_threads()}; prompts {args.input_len[0]}.."
+        f"{args.input_len[1]} tokens, outputs {args.output_len[0]}..{args.output_len[1]} tokens per request "
+        f"(greedy, EOS ignored), seed {args.seed}"
+    )
+    print(
+        f"compiled engine: {engine_dir} (max batch {compiled.config.max_num_seqs})"
+        if compiled
+        else f"compiled engine: skipped ({why_skipped})"
+    )
     warm = make_workload(tokenizer, 2, (4, 8), (2, 4), args.seed + 1)
-    for engine in (paged, compiled) if compiled else (paged,):      # warm-up: first calls allocate and load
+    for engine in (paged, compiled) if compiled else (paged,):  # warm-up: first calls allocate and load
         run_engine(engine, warm)
     hf_sequential(hf, warm)
     hf_padded_batch(hf, warm, pad_id)
@@ -251,13 +304,20 @@ def main(argv: list[str] | None = None) -> int:
         ours = run_engine(paged, work, profile_at=top if level == top else None)
         comp = run_engine(compiled, work) if compiled else None
         agree = sum(a == b for a, b in zip(ours["outputs"], seq["outputs"])) / level
-        entry = {"requests": level, "output_tokens": work.num_output_tokens, "hf_sequential_tok_s": seq["tok_s"],
-                 "hf_padded_batch_tok_s": batch["tok_s"], "paged_tok_s": ours["tok_s"],
-                 "compiled_tok_s": comp["tok_s"] if comp else None, "paged_matches_hf_greedy": agree,
-                 "hf_padded_batch_computed_tokens": batch["computed_tokens"]}
+        entry = {
+            "requests": level,
+            "output_tokens": work.num_output_tokens,
+            "hf_sequential_tok_s": seq["tok_s"],
+            "hf_padded_batch_tok_s": batch["tok_s"],
+            "paged_tok_s": ours["tok_s"],
+            "compiled_tok_s": comp["tok_s"] if comp else None,
+            "paged_matches_hf_greedy": agree,
+            "hf_padded_batch_computed_tokens": batch["computed_tokens"],
+        }
         if comp:
-            entry["compiled_matches_paged_greedy"] = sum(
-                a == b for a, b in zip(comp["outputs"], ours["outputs"])) / level
+            entry["compiled_matches_paged_greedy"] = (
+                sum(a == b for a, b in zip(comp["outputs"], ours["outputs"])) / level
+            )
         figures["levels"][str(level)] = entry
         if level == top:
             figures["kv_memory"] = kv_figures(paged, work, ours["peak"])
@@ -279,60 +339,84 @@ def kv_figures(engine, work: Workload, peak: dict) -> dict:
     final_tokens = sum(len(p) + n for p, n in zip(work.prompt_ids, work.output_lens))
     reserved_tokens = len(work.output_lens) * engine.max_model_len
     paged_slots = peak["used_blocks"] * block_size
-    return {"requests": len(work.output_lens), "block_size": block_size, "bytes_per_token": bytes_per_token,
-            "max_model_len": engine.max_model_len, "final_tokens": final_tokens,
-            "paged_peak_blocks": peak["used_blocks"], "paged_peak_slot_tokens": paged_slots,
-            "paged_peak_stored_tokens": peak["stored_tokens"],
-            "paged_waste_pct": 100 * (1 - peak["stored_tokens"] / paged_slots) if paged_slots else 0.0,
-            "contiguous_reserved_tokens": reserved_tokens,
-            "contiguous_waste_pct": 100 * (1 - final_tokens / reserved_tokens)}
+    return {
+        "requests": len(work.output_lens),
+        "block_size": block_size,
+        "bytes_per_token": bytes_per_token,
+        "max_model_len": engine.max_model_len,
+        "final_tokens": final_tokens,
+        "paged_peak_blocks": peak["used_blocks"],
+        "paged_peak_slot_tokens": paged_slots,
+        "paged_peak_stored_tokens": peak["stored_tokens"],
+        "paged_waste_pct": 100 * (1 - peak["stored_tokens"] / paged_slots) if paged_slots else 0.0,
+        "contiguous_reserved_tokens": reserved_tokens,
+        "contiguous_waste_pct": 100 * (1 - final_tokens / reserved_tokens),
+    }
 
 
 def split_figures(split: dict, num_seqs: int) -> dict:
     step = split["step_s"] or 1e-12
     bookkeeping = split["step_s"] - split["execute_s"]
     prep = split["execute_s"] - split["forward_s"]
-    return {"num_seqs": num_seqs, "steps": split["steps"], "step_ms": 1000 * split["step_s"] / max(split["steps"], 1),
-            "schedule_postprocess_pct": 100 * bookkeeping / step, "runner_prep_sampling_pct": 100 * prep / step,
-            "forward_pct": 100 * split["forward_s"] / step}
+    return {
+        "num_seqs": num_seqs,
+        "steps": split["steps"],
+        "step_ms": 1000 * split["step_s"] / max(split["steps"], 1),
+        "schedule_postprocess_pct": 100 * bookkeeping / step,
+        "runner_prep_sampling_pct": 100 * prep / step,
+        "forward_pct": 100 * split["forward_s"] / step,
+    }
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'conc':>5} {'out tok':>8} {'HF seq':>9} {'HF batch':>9} {'paged':>9} {'compiled':>9}  "
-            f"{'paged/seq':>9} {'paged/bat':>9} {'comp/seq':>9} {'comp/bat':>9} {'greedy=HF':>9}")
+    head = (
+        f"{'conc':>5} {'out tok':>8} {'HF seq':>9} {'HF batch':>9} {'paged':>9} {'compiled':>9}  "
+        f"{'paged/seq':>9} {'paged/bat':>9} {'comp/seq':>9} {'comp/bat':>9} {'greedy=HF':>9}"
+    )
     print("\noutput tokens/s (and ratios)\n" + head)
     for r in rows:
         comp = r["compiled_tok_s"]
-        cells = [f"{r['requests']:>5}", f"{r['output_tokens']:>8}", f"{r['hf_sequential_tok_s']:>9.1f}",
-                 f"{r['hf_padded_batch_tok_s']:>9.1f}", f"{r['paged_tok_s']:>9.1f}",
-                 f"{comp:>9.1f}" if comp else f"{'-':>9}",
-                 f" {r['paged_tok_s'] / r['hf_sequential_tok_s']:>9.2f}",
-                 f"{r['paged_tok_s'] / r['hf_padded_batch_tok_s']:>9.2f}",
-                 f"{comp / r['hf_sequential_tok_s']:>9.2f}" if comp else f"{'-':>9}",
-                 f"{comp / r['hf_padded_batch_tok_s']:>9.2f}" if comp else f"{'-':>9}",
-                 f"{100 * r['paged_matches_hf_greedy']:>8.0f}%"]
+        cells = [
+            f"{r['requests']:>5}",
+            f"{r['output_tokens']:>8}",
+            f"{r['hf_sequential_tok_s']:>9.1f}",
+            f"{r['hf_padded_batch_tok_s']:>9.1f}",
+            f"{r['paged_tok_s']:>9.1f}",
+            f"{comp:>9.1f}" if comp else f"{'-':>9}",
+            f" {r['paged_tok_s'] / r['hf_sequential_tok_s']:>9.2f}",
+            f"{r['paged_tok_s'] / r['hf_padded_batch_tok_s']:>9.2f}",
+            f"{comp / r['hf_sequential_tok_s']:>9.2f}" if comp else f"{'-':>9}",
+            f"{comp / r['hf_padded_batch_tok_s']:>9.2f}" if comp else f"{'-':>9}",
+            f"{100 * r['paged_matches_hf_greedy']:>8.0f}%",
+        ]
         print(" ".join(cells))
 
 
 def print_kv(kv: dict, compiled) -> None:
     mib = kv["bytes_per_token"] / 2**20
     print(f"\nKV memory at {kv['requests']} concurrent requests ({kv['bytes_per_token']} bytes/token):")
-    print(f"  paged peak: {kv['paged_peak_blocks']} blocks x {kv['block_size']} = {kv['paged_peak_slot_tokens']} token "
-          f"slots ({kv['paged_peak_slot_tokens'] * mib:.2f} MiB) holding {kv['paged_peak_stored_tokens']} tokens: "
-          f"waste {kv['paged_waste_pct']:.1f}%")
-    print(f"  contiguous max-length reservation: {kv['requests']} x {kv['max_model_len']} = "
-          f"{kv['contiguous_reserved_tokens']} token slots ({kv['contiguous_reserved_tokens'] * mib:.2f} MiB) for "
-          f"{kv['final_tokens']} tokens at the end: waste {kv['contiguous_waste_pct']:.1f}%")
+    print(
+        f"  paged peak: {kv['paged_peak_blocks']} blocks x {kv['block_size']} = {kv['paged_peak_slot_tokens']} token "
+        f"slots ({kv['paged_peak_slot_tokens'] * mib:.2f} MiB) holding {kv['paged_peak_stored_tokens']} tokens: "
+        f"waste {kv['paged_waste_pct']:.1f}%"
+    )
+    print(
+        f"  contiguous max-length reservation: {kv['requests']} x {kv['max_model_len']} = "
+        f"{kv['contiguous_reserved_tokens']} token slots ({kv['contiguous_reserved_tokens'] * mib:.2f} MiB) for "
+        f"{kv['final_tokens']} tokens at the end: waste {kv['contiguous_waste_pct']:.1f}%"
+    )
     if compiled:
         env = compiled.runner.envelope
         print(f"  (the compiled engine reserves {env.max_batch_size} x {env.max_context_length} static slots)")
 
 
 def print_split(split: dict) -> None:
-    print(f"\nstep time at {split['num_seqs']} running sequences ({split['steps']} steps, "
-          f"{split['step_ms']:.1f} ms/step): schedule+postprocess {split['schedule_postprocess_pct']:.1f}%, "
-          f"runner input prep+sampling {split['runner_prep_sampling_pct']:.1f}%, "
-          f"model forward {split['forward_pct']:.1f}%")
+    print(
+        f"\nstep time at {split['num_seqs']} running sequences ({split['steps']} steps, "
+        f"{split['step_ms']:.1f} ms/step): schedule+postprocess {split['schedule_postprocess_pct']:.1f}%, "
+        f"runner input prep+sampling {split['runner_prep_sampling_pct']:.1f}%, "
+        f"model forward {split['forward_pct']:.1f}%"
+    )
 
 
 if __name__ == "__main__":

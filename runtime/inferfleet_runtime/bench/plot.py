@@ -14,7 +14,7 @@ def write_plot(results: list[RequestResult], summary: dict, path: str | Path, ti
         import matplotlib
     except ImportError:
         raise ImportError("--plot needs matplotlib (pip install matplotlib, or the project's dev extra)") from None
-    matplotlib.use("Agg")    # no display: render straight to the file
+    matplotlib.use("Agg")  # no display: render straight to the file
     import matplotlib.pyplot as plt
 
     done = [r for r in results if r.success]
@@ -32,8 +32,13 @@ def write_plot(results: list[RequestResult], summary: dict, path: str | Path, ti
     ax.scatter([r.start for r in done], [r.latency * 1000 for r in done], s=12, color="tab:orange")
     ax.set_xlabel("request sent at (s)")
     ax.set_ylabel("E2EL (ms)")
-    fig.suptitle(title or (f"{summary['completed']} requests, {summary['output_throughput']:.1f} output tok/s, "
-                           f"median TTFT {summary['ttft_ms']['median']:.0f} ms"))
+    fig.suptitle(
+        title
+        or (
+            f"{summary['completed']} requests, {summary['output_throughput']:.1f} output tok/s, "
+            f"median TTFT {summary['ttft_ms']['median']:.0f} ms"
+        )
+    )
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)

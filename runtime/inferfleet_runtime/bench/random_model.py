@@ -36,13 +36,25 @@ class Shape:
 
 def hf_config(shape: Shape) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": shape.vocab_size,
-        "hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size,
-        "num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_heads,
-        "num_key_value_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
-        "max_position_embeddings": shape.max_position_embeddings, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
-        "bos_token_id": 0, "eos_token_id": 2, "dtype": "float32",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "max_position_embeddings": shape.max_position_embeddings,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "dtype": "float32",
     }
 
 
@@ -54,8 +66,11 @@ def random_weights(shape: Shape, seed: int) -> dict[str, torch.Tensor]:
     def normal(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=generator) * 0.02
 
-    weights = {"model.embed_tokens.weight": normal(shape.vocab_size, h), "model.norm.weight": torch.ones(h),
-               "lm_head.weight": normal(shape.vocab_size, h)}
+    weights = {
+        "model.embed_tokens.weight": normal(shape.vocab_size, h),
+        "model.norm.weight": torch.ones(h),
+        "lm_head.weight": normal(shape.vocab_size, h),
+    }
     for n in range(shape.num_layers):
         p = f"model.layers.{n}."
         weights |= {
@@ -63,9 +78,11 @@ def random_weights(shape: Shape, seed: int) -> dict[str, torch.Tensor]:
             p + "self_attn.k_proj.weight": normal(shape.num_kv_heads * d, h),
             p + "self_attn.v_proj.weight": normal(shape.num_kv_heads * d, h),
             p + "self_attn.o_proj.weight": normal(h, shape.num_heads * d),
-            p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
+            p + "mlp.gate_proj.weight": normal(i, h),
+            p + "mlp.up_proj.weight": normal(i, h),
             p + "mlp.down_proj.weight": normal(h, i),
-            p + "input_layernorm.weight": torch.ones(h), p + "post_attention_layernorm.weight": torch.ones(h),
+            p + "input_layernorm.weight": torch.ones(h),
+            p + "post_attention_layernorm.weight": torch.ones(h),
         }
     return weights
 
@@ -86,8 +103,10 @@ def write_random_llama(out_dir: str | Path, shape: Shape = Shape(), seed: int = 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = demo_text.train_tokenizer(corpus(), vocab_size=shape.vocab_size)
     if tokenizer.get_vocab_size() != shape.vocab_size:
-        raise ValueError(f"the corpus gave a tokenizer of {tokenizer.get_vocab_size()} tokens, not "
-                         f"{shape.vocab_size}: choose a smaller vocab_size")
+        raise ValueError(
+            f"the corpus gave a tokenizer of {tokenizer.get_vocab_size()} tokens, not "
+            f"{shape.vocab_size}: choose a smaller vocab_size"
+        )
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(demo_text.tokenizer_config(shape.max_position_embeddings)))
     config = hf_config(shape)

@@ -41,16 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(x) for x in args.batch.split(",") if x.strip()]
     engine = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", max_num_seqs=max(batches)))
     vocab = engine.runner.vocab_size
-    print(f"model {model_dir}; torch threads {torch.get_num_threads()}, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')}")
+    print(
+        f"model {model_dir}; torch threads {torch.get_num_threads()}, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')}"
+    )
     for batch in batches:
         rng = random.Random(batch)
         params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 8, ignore_eos=True)
         for i in range(batch):
-            engine.add_request(f"profile-{batch}-{i}", [rng.randrange(16, vocab) for _ in range(rng.randint(32, 128))],
-                               params)
-        while engine.scheduler.num_waiting or any(s.num_computed_tokens < len(s.prompt_token_ids)
-                                                  for s in engine.scheduler.running):
+            engine.add_request(
+                f"profile-{batch}-{i}", [rng.randrange(16, vocab) for _ in range(rng.randint(32, 128))], params
+            )
+        while engine.scheduler.num_waiting or any(
+            s.num_computed_tokens < len(s.prompt_token_ids) for s in engine.scheduler.running
+        ):
             engine.step()
         for _ in range(3):
             engine.step()
@@ -63,12 +67,16 @@ def main(argv: list[str] | None = None) -> int:
                 engine.step()
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         total = sum(e.self_cpu_time_total for e in events) or 1
-        print(f"\nbatch {batch}: {step_ms:.2f} ms/step ({batch / step_ms * 1000:.0f} tok/s), load average "
-              f"{os.getloadavg()[0]:.1f}; top ops by self CPU time per step (profiled steps):")
+        print(
+            f"\nbatch {batch}: {step_ms:.2f} ms/step ({batch / step_ms * 1000:.0f} tok/s), load average "
+            f"{os.getloadavg()[0]:.1f}; top ops by self CPU time per step (profiled steps):"
+        )
         print(f"  {'op':<44} {'ms/step':>8} {'share':>6} {'calls/step':>10}")
-        for e in events[:args.top]:
-            print(f"  {e.key[:44]:<44} {e.self_cpu_time_total / 1000 / args.steps:>8.2f} "
-                  f"{100 * e.self_cpu_time_total / total:>5.1f}% {e.count / args.steps:>10.0f}")
+        for e in events[: args.top]:
+            print(
+                f"  {e.key[:44]:<44} {e.self_cpu_time_total / 1000 / args.steps:>8.2f} "
+                f"{100 * e.self_cpu_time_total / total:>5.1f}% {e.count / args.steps:>10.0f}"
+            )
         while engine.has_unfinished_requests():
             engine.step()
     return 0

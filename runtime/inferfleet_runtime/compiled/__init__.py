@@ -17,8 +17,9 @@ def runner_factory(engine_dir: str | Path, config):
     manifest = read_manifest(engine_dir)
     device = torch.device(config.device) if config.device else _manifest_device(manifest)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise EngineMismatch(f"engine {manifest.engine_key} was built for {manifest.target_architecture}, "
-                             "this machine has no GPU")
+        raise EngineMismatch(
+            f"engine {manifest.engine_key} was built for {manifest.target_architecture}, this machine has no GPU"
+        )
     check_compatible(manifest, device)
     fit_engine_config(manifest, config)
 

@@ -21,22 +21,44 @@ from .envelope import DTYPES, Envelope, EnvelopeError, parse_buckets
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", required=True, help="Hugging Face checkpoint directory")
     parser.add_argument("--out", metavar="DIR", required=True, help="engine directory to write")
-    parser.add_argument("--backend", choices=("aotinductor", "tensorrt"), default=None,
-                        help="compiler (default: tensorrt on an NVIDIA GPU, else aotinductor)")
-    parser.add_argument("--max-context-length", type=int, default=None,
-                        help="tokens per sequence, prompt plus completion (default: the model's, at most 2048)")
+    parser.add_argument(
+        "--backend",
+        choices=("aotinductor", "tensorrt"),
+        default=None,
+        help="compiler (default: tensorrt on an NVIDIA GPU, else aotinductor)",
+    )
+    parser.add_argument(
+        "--max-context-length",
+        type=int,
+        default=None,
+        help="tokens per sequence, prompt plus completion (default: the model's, at most 2048)",
+    )
     parser.add_argument("--max-batch-size", type=int, default=8, help="sequences running at once")
-    parser.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
-                        help="weights and activations (default: the checkpoint's)")
+    parser.add_argument(
+        "--dtype", choices=("auto", *DTYPES), default="auto", help="weights and activations (default: the checkpoint's)"
+    )
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per engine (only 1 for now)")
     parser.add_argument("--block-size", type=int, default=16, help="the scheduler's KV block granularity")
-    parser.add_argument("--prefill-buckets", type=_buckets, default=(),
-                        help="prompt chunk lengths with a graph, e.g. 64,256 (default: 64, 256, ... up to the context)")
-    parser.add_argument("--decode-buckets", type=_buckets, default=(),
-                        help="batch sizes with a decode graph, e.g. 1,4,8 (default: powers of two up to the batch)")
-    parser.add_argument("--engine-key", default=None, help="the engine's key (default: a hash of what it is built from)")
-    parser.add_argument("--target-architecture", default=None,
-                        help="refuse to build unless this machine is it (sm90, gfx942, amd64/cpu-x86_64, ...)")
+    parser.add_argument(
+        "--prefill-buckets",
+        type=_buckets,
+        default=(),
+        help="prompt chunk lengths with a graph, e.g. 64,256 (default: 64, 256, ... up to the context)",
+    )
+    parser.add_argument(
+        "--decode-buckets",
+        type=_buckets,
+        default=(),
+        help="batch sizes with a decode graph, e.g. 1,4,8 (default: powers of two up to the batch)",
+    )
+    parser.add_argument(
+        "--engine-key", default=None, help="the engine's key (default: a hash of what it is built from)"
+    )
+    parser.add_argument(
+        "--target-architecture",
+        default=None,
+        help="refuse to build unless this machine is it (sm90, gfx942, amd64/cpu-x86_64, ...)",
+    )
     parser.add_argument("--device", default=None, help="torch device to build on (default: the first GPU, else cpu)")
 
 
@@ -59,16 +81,26 @@ def run(args: argparse.Namespace) -> int:
         dtype = str(model_config.dtype).removeprefix("torch.") if args.dtype == "auto" else args.dtype
         max_context = args.max_context_length or min(model_config.max_position_embeddings, 2048)
         if max_context > model_config.max_position_embeddings:
-            raise EnvelopeError(f"--max-context-length {max_context} exceeds the model's max_position_embeddings "
-                                f"{model_config.max_position_embeddings}")
-        envelope = Envelope(max_context_length=max_context, max_batch_size=args.max_batch_size, dtype=dtype,
-                            tensor_parallel_size=args.tensor_parallel_size, block_size=args.block_size,
-                            decode_buckets=args.decode_buckets, prefill_buckets=args.prefill_buckets)
+            raise EnvelopeError(
+                f"--max-context-length {max_context} exceeds the model's max_position_embeddings "
+                f"{model_config.max_position_embeddings}"
+            )
+        envelope = Envelope(
+            max_context_length=max_context,
+            max_batch_size=args.max_batch_size,
+            dtype=dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
+            block_size=args.block_size,
+            decode_buckets=args.decode_buckets,
+            prefill_buckets=args.prefill_buckets,
+        )
         backend = args.backend or ("tensorrt" if device.type == "cuda" and not torch.version.hip else "aotinductor")
         here = device_architecture(device)
         if args.target_architecture and normalize_architecture(args.target_architecture) != here:
-            raise EnvelopeError(f"the build targets {args.target_architecture}, but this machine's {device.type} "
-                                f"is {here}; run the build on a {args.target_architecture} node")
+            raise EnvelopeError(
+                f"the build targets {args.target_architecture}, but this machine's {device.type} "
+                f"is {here}; run the build on a {args.target_architecture} node"
+            )
         get_backend(backend).check_available(device)
     except (EnvelopeError, ConfigError, BackendUnavailable, ValueError) as exc:
         return _fail(str(exc))
@@ -82,10 +114,18 @@ def run(args: argparse.Namespace) -> int:
         traceback.print_exc(file=sys.stderr)
         return _fail(f"build failed: {type(exc).__name__}: {exc}", code=1)
     print(f"built engine={manifest.engine_key} dir={out_dir} seconds={manifest.build_seconds}", flush=True)
-    _write_termination_log(json.dumps({
-        "engineKey": manifest.engine_key, "artifactPath": str(out_dir),
-        "artifactSizeBytes": manifest.sizes.get("total_bytes", 0), "buildSeconds": manifest.build_seconds,
-        "backend": manifest.backend, "targetArchitecture": manifest.target_architecture}))
+    _write_termination_log(
+        json.dumps(
+            {
+                "engineKey": manifest.engine_key,
+                "artifactPath": str(out_dir),
+                "artifactSizeBytes": manifest.sizes.get("total_bytes", 0),
+                "buildSeconds": manifest.build_seconds,
+                "backend": manifest.backend,
+                "targetArchitecture": manifest.target_architecture,
+            }
+        )
+    )
     return 0
 
 

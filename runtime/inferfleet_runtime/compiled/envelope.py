@@ -32,12 +32,12 @@ def default_prefill_buckets(max_context_length: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Envelope:
-    max_context_length: int                    # tokens per sequence, prompt plus completion
-    max_batch_size: int                        # sequences running at once: the static KV buffer's slots
+    max_context_length: int  # tokens per sequence, prompt plus completion
+    max_batch_size: int  # sequences running at once: the static KV buffer's slots
     dtype: str = "float32"
     tensor_parallel_size: int = 1
-    block_size: int = 16                       # the scheduler's block granularity (the KV buffers are per slot)
-    decode_buckets: tuple[int, ...] = field(default=())   # batch sizes with a decode graph
+    block_size: int = 16  # the scheduler's block granularity (the KV buffers are per slot)
+    decode_buckets: tuple[int, ...] = field(default=())  # batch sizes with a decode graph
     prefill_buckets: tuple[int, ...] = field(default=())  # prompt chunk lengths with a prefill graph
 
     def __post_init__(self) -> None:
@@ -49,18 +49,22 @@ class Envelope:
             raise EnvelopeError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.tensor_parallel_size != 1:
             # Gap: the export has no tensor-parallel sharding yet; refuse rather than build a wrong engine.
-            raise EnvelopeError(f"--tensor-parallel-size {self.tensor_parallel_size} is not supported by compiled "
-                                "engines yet (only 1); serve this model with the paged engine")
+            raise EnvelopeError(
+                f"--tensor-parallel-size {self.tensor_parallel_size} is not supported by compiled "
+                "engines yet (only 1); serve this model with the paged engine"
+            )
         if self.block_size < 1:
             raise EnvelopeError(f"--block-size must be positive, got {self.block_size}")
         decode = tuple(sorted(set(self.decode_buckets))) or default_decode_buckets(self.max_batch_size)
         prefill = tuple(sorted(set(self.prefill_buckets))) or default_prefill_buckets(self.max_context_length)
         if decode[0] < 1 or decode[-1] != self.max_batch_size:
-            raise EnvelopeError(f"--decode-buckets {_csv(decode)} must be positive and end at --max-batch-size "
-                                f"{self.max_batch_size}")
+            raise EnvelopeError(
+                f"--decode-buckets {_csv(decode)} must be positive and end at --max-batch-size {self.max_batch_size}"
+            )
         if prefill[0] < 2 or prefill[-1] > self.max_context_length:
-            raise EnvelopeError(f"--prefill-buckets {_csv(prefill)} must lie in [2, --max-context-length "
-                                f"{self.max_context_length}]")
+            raise EnvelopeError(
+                f"--prefill-buckets {_csv(prefill)} must lie in [2, --max-context-length {self.max_context_length}]"
+            )
         object.__setattr__(self, "decode_buckets", decode)
         object.__setattr__(self, "prefill_buckets", prefill)
 
@@ -71,11 +75,13 @@ class Envelope:
 
     @classmethod
     def from_dict(cls, d: dict) -> Envelope:
-        return cls(**{**d, "decode_buckets": tuple(d["decode_buckets"]), "prefill_buckets": tuple(d["prefill_buckets"])})
+        return cls(
+            **{**d, "decode_buckets": tuple(d["decode_buckets"]), "prefill_buckets": tuple(d["prefill_buckets"])}
+        )
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
-    """"1,4,8" -> (1, 4, 8); argparse type for the bucket flags."""
+    """ "1,4,8" -> (1, 4, 8); argparse type for the bucket flags."""
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:

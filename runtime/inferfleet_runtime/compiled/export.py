@@ -24,11 +24,10 @@ from inferfleet_runtime.loader import load_model
 
 from .backends import get_backend
 from .envelope import Envelope
-from .manifest import (GraphEntry, Manifest, device_architecture, library_versions, read_manifest,
-                       write_manifest)
+from .manifest import GraphEntry, Manifest, device_architecture, library_versions, read_manifest, write_manifest
 from .step import StaticStep, example_inputs
 
-Progress = Callable[[str, int], None]   # (stage, percent 0..100)
+Progress = Callable[[str, int], None]  # (stage, percent 0..100)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
@@ -41,17 +40,32 @@ def default_engine_key(model_dir: Path, envelope: Envelope, backend: str, archit
     the exported step's source (a changed step is a new compiler)."""
     files = sorted(p for p in model_dir.iterdir() if p.is_file())
     step_source = Path(__file__).with_name("step.py").read_bytes()
-    digest = hashlib.sha256(json.dumps({
-        "config": (model_dir / "config.json").read_text(),
-        "files": [(p.name, p.stat().st_size) for p in files],
-        "envelope": envelope.to_dict(), "backend": backend, "architecture": architecture,
-        "versions": library_versions("aotinductor"), "step": hashlib.sha256(step_source).hexdigest(),
-    }, sort_keys=True).encode())
+    digest = hashlib.sha256(
+        json.dumps(
+            {
+                "config": (model_dir / "config.json").read_text(),
+                "files": [(p.name, p.stat().st_size) for p in files],
+                "envelope": envelope.to_dict(),
+                "backend": backend,
+                "architecture": architecture,
+                "versions": library_versions("aotinductor"),
+                "step": hashlib.sha256(step_source).hexdigest(),
+            },
+            sort_keys=True,
+        ).encode()
+    )
     return digest.hexdigest()[:16]
 
 
-def build_engine(model_dir: Path, out_dir: Path, envelope: Envelope, backend_name: str, device: torch.device,
-                 engine_key: str | None = None, progress: Progress = lambda stage, percent: None) -> Manifest:
+def build_engine(
+    model_dir: Path,
+    out_dir: Path,
+    envelope: Envelope,
+    backend_name: str,
+    device: torch.device,
+    engine_key: str | None = None,
+    progress: Progress = lambda stage, percent: None,
+) -> Manifest:
     """Builds the engine into out_dir (kept as is when it already holds an engine with this key)."""
     backend = get_backend(backend_name)
     backend.check_available(device)
@@ -67,16 +81,30 @@ def build_engine(model_dir: Path, out_dir: Path, envelope: Envelope, backend_nam
     loaded = load_model(model_dir, dtype=envelope.dtype, device=device, kernels="reference")
     config = loaded.config
     if envelope.max_context_length > config.max_position_embeddings:
-        raise ValueError(f"--max-context-length {envelope.max_context_length} exceeds the model's "
-                         f"max_position_embeddings {config.max_position_embeddings}")
+        raise ValueError(
+            f"--max-context-length {envelope.max_context_length} exceeds the model's "
+            f"max_position_embeddings {config.max_position_embeddings}"
+        )
     step = StaticStep(loaded.model, envelope.max_context_length).eval()
     kv_cache = torch.zeros(kv_cache_shape(config, envelope), dtype=config.dtype, device=device)
 
     staging = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        manifest = _build_into(staging, model_dir, loaded, step, kv_cache, envelope, backend, backend_name,
-                               architecture, engine_key, started, progress)
+        manifest = _build_into(
+            staging,
+            model_dir,
+            loaded,
+            step,
+            kv_cache,
+            envelope,
+            backend,
+            backend_name,
+            architecture,
+            engine_key,
+            started,
+            progress,
+        )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -95,8 +123,20 @@ def build_engine(model_dir: Path, out_dir: Path, envelope: Envelope, backend_nam
     return manifest
 
 
-def _build_into(staging: Path, model_dir: Path, loaded, step, kv_cache, envelope: Envelope, backend, backend_name: str,
-                architecture: str, engine_key: str, started: float, progress: Progress) -> Manifest:
+def _build_into(
+    staging: Path,
+    model_dir: Path,
+    loaded,
+    step,
+    kv_cache,
+    envelope: Envelope,
+    backend,
+    backend_name: str,
+    architecture: str,
+    engine_key: str,
+    started: float,
+    progress: Progress,
+) -> Manifest:
     config = loaded.config
     (staging / "graphs").mkdir(parents=True)
     _copy_model_files(model_dir, staging / "model")
@@ -110,14 +150,27 @@ def _build_into(staging: Path, model_dir: Path, loaded, step, kv_cache, envelope
     progress("write", 95)
     graph_bytes = sum(g.num_bytes for g in graphs)
     manifest = Manifest(
-        engine_key=engine_key, backend=backend_name, target_architecture=architecture, envelope=envelope,
+        engine_key=engine_key,
+        backend=backend_name,
+        target_architecture=architecture,
+        envelope=envelope,
         versions=library_versions(backend_name),
-        model={"name": config.name, "vocab_size": config.vocab_size, "num_layers": config.num_layers,
-               "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim,
-               "hidden_size": config.hidden_size, "dtype": str(config.dtype).removeprefix("torch.")},
-        graphs=graphs, build_seconds=round(time.monotonic() - started, 2),
-        sizes={"graph_bytes": graph_bytes, "total_bytes": graph_bytes + _size(staging / "model"),
-               "kv_cache_bytes": kv_cache.numel() * kv_cache.element_size()},
+        model={
+            "name": config.name,
+            "vocab_size": config.vocab_size,
+            "num_layers": config.num_layers,
+            "num_kv_heads": config.num_kv_heads,
+            "head_dim": config.head_dim,
+            "hidden_size": config.hidden_size,
+            "dtype": str(config.dtype).removeprefix("torch."),
+        },
+        graphs=graphs,
+        build_seconds=round(time.monotonic() - started, 2),
+        sizes={
+            "graph_bytes": graph_bytes,
+            "total_bytes": graph_bytes + _size(staging / "model"),
+            "kv_cache_bytes": kv_cache.numel() * kv_cache.element_size(),
+        },
     )
     write_manifest(staging, manifest)
     return manifest
@@ -125,8 +178,14 @@ def _build_into(staging: Path, model_dir: Path, loaded, step, kv_cache, envelope
 
 def kv_cache_shape(config, envelope: Envelope) -> tuple[int, ...]:
     """[num_layers, 2 (K, V), max_batch_size slots, max_context_length, num_kv_heads, head_dim]."""
-    return (config.num_layers, 2, envelope.max_batch_size, envelope.max_context_length,
-            config.num_kv_heads, config.head_dim)
+    return (
+        config.num_layers,
+        2,
+        envelope.max_batch_size,
+        envelope.max_context_length,
+        config.num_kv_heads,
+        config.head_dim,
+    )
 
 
 def _copy_model_files(model_dir: Path, dest: Path) -> None:

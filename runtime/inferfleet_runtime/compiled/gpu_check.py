@@ -15,8 +15,12 @@ import time
 import traceback
 from pathlib import Path
 
-PROMPTS = ["Beautiful is better than", "Explicit is", "Simple is better than complex. Complex is better than",
-           "Errors should never pass silently. Unless explicitly silenced. In the face of ambiguity,"]
+PROMPTS = [
+    "Beautiful is better than",
+    "Explicit is",
+    "Simple is better than complex. Complex is better than",
+    "Errors should never pass silently. Unless explicitly silenced. In the face of ambiguity,",
+]
 LENGTHS = [8, 12, 16, 20]
 
 
@@ -31,8 +35,10 @@ def compare_with_paged(model_dir: Path, engine_dir: Path, device: str) -> tuple[
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in LENGTHS]
     compiled = make_compiled_engine(engine_dir, EngineConfig(device=device))
     paged = LLMEngine.from_model_dir(model_dir, EngineConfig(device=device, max_num_seqs=4))
-    return ([o.outputs[0].token_ids for o in compiled.generate(PROMPTS, params)],
-            [o.outputs[0].token_ids for o in paged.generate(PROMPTS, params)])
+    return (
+        [o.outputs[0].token_ids for o in compiled.generate(PROMPTS, params)],
+        [o.outputs[0].token_ids for o in paged.generate(PROMPTS, params)],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,9 +61,29 @@ def main(argv: list[str] | None = None) -> int:
         out = root / backend
         try:
             started = time.monotonic()
-            code = cli(["compile", "--model", str(model_dir), "--out", str(out), "--backend", backend,
-                        "--device", "cuda", "--max-context-length", "64", "--max-batch-size", "4",
-                        "--dtype", "float32", "--decode-buckets", "1,4", "--prefill-buckets", "16"])
+            code = cli(
+                [
+                    "compile",
+                    "--model",
+                    str(model_dir),
+                    "--out",
+                    str(out),
+                    "--backend",
+                    backend,
+                    "--device",
+                    "cuda",
+                    "--max-context-length",
+                    "64",
+                    "--max-batch-size",
+                    "4",
+                    "--dtype",
+                    "float32",
+                    "--decode-buckets",
+                    "1,4",
+                    "--prefill-buckets",
+                    "16",
+                ]
+            )
             if code != 0:
                 print(f"check backend={backend} ok=false reason=compile-exit-{code}", flush=True)
                 failed = True
@@ -66,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             compiled_tokens, paged_tokens = compare_with_paged(model_dir, out, "cuda")
             same = compiled_tokens == paged_tokens
             failed |= not same
-            print(f"check backend={backend} ok={str(same).lower()} build_seconds={build_s:.1f} "
-                  f"gpu={torch.cuda.get_device_name()}", flush=True)
+            print(
+                f"check backend={backend} ok={str(same).lower()} build_seconds={build_s:.1f} "
+                f"gpu={torch.cuda.get_device_name()}",
+                flush=True,
+            )
         except Exception:
             traceback.print_exc()
             print(f"check backend={backend} ok=false reason=exception", flush=True)

@@ -24,23 +24,23 @@ class EngineMismatch(ValueError):
 
 @dataclass
 class GraphEntry:
-    kind: str          # "decode" (bucket = batch size) or "prefill" (bucket = chunk length)
+    kind: str  # "decode" (bucket = batch size) or "prefill" (bucket = chunk length)
     bucket: int
-    file: str          # relative to the engine directory
+    file: str  # relative to the engine directory
     num_bytes: int = 0
 
 
 @dataclass
 class Manifest:
     engine_key: str
-    backend: str                       # "aotinductor" | "tensorrt"
-    target_architecture: str           # "cpu-x86_64", "sm90", "gfx942", ...
+    backend: str  # "aotinductor" | "tensorrt"
+    target_architecture: str  # "cpu-x86_64", "sm90", "gfx942", ...
     envelope: Envelope
-    versions: dict[str, str]           # torch, inferfleet, and tensorrt for TensorRT engines
-    model: dict                        # name, vocab_size, num_layers, num_kv_heads, head_dim, hidden_size
+    versions: dict[str, str]  # torch, inferfleet, and tensorrt for TensorRT engines
+    model: dict  # name, vocab_size, num_layers, num_kv_heads, head_dim, hidden_size
     graphs: list[GraphEntry] = field(default_factory=list)
     build_seconds: float = 0.0
-    sizes: dict[str, int] = field(default_factory=dict)   # total_bytes, graph_bytes, kv_cache_bytes
+    sizes: dict[str, int] = field(default_factory=dict)  # total_bytes, graph_bytes, kv_cache_bytes
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -84,12 +84,13 @@ def library_versions(backend: str) -> dict[str, str]:
     versions = {"torch": torch.__version__, "inferfleet": inferfleet_version()}
     if backend == "tensorrt":
         import tensorrt
+
         versions["tensorrt"] = tensorrt.__version__
     return versions
 
 
 def device_architecture(device: torch.device) -> str:
-    """"sm90" for an NVIDIA GPU, "gfx942" for an AMD one (ROCm), "cpu-x86_64" / "cpu-aarch64" for the CPU."""
+    """ "sm90" for an NVIDIA GPU, "gfx942" for an AMD one (ROCm), "cpu-x86_64" / "cpu-aarch64" for the CPU."""
     if device.type == "cuda":
         if getattr(torch.version, "hip", None):
             return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
@@ -113,21 +114,28 @@ def normalize_architecture(name: str) -> str:
 def check_compatible(manifest: Manifest, device: torch.device) -> None:
     """Raises EngineMismatch (one line saying what differs) unless this process can serve the engine on device."""
     if manifest.format_version != FORMAT_VERSION:
-        raise EngineMismatch(f"engine {manifest.engine_key} has manifest format {manifest.format_version}, this "
-                             f"runtime reads format {FORMAT_VERSION}; rebuild the engine")
+        raise EngineMismatch(
+            f"engine {manifest.engine_key} has manifest format {manifest.format_version}, this "
+            f"runtime reads format {FORMAT_VERSION}; rebuild the engine"
+        )
     here = device_architecture(device)
     if manifest.target_architecture != here:
-        raise EngineMismatch(f"engine {manifest.engine_key} was built for {manifest.target_architecture}, this "
-                             f"machine is {here}; rebuild the engine for {here}")
+        raise EngineMismatch(
+            f"engine {manifest.engine_key} was built for {manifest.target_architecture}, this "
+            f"machine is {here}; rebuild the engine for {here}"
+        )
     mine = {"torch": torch.__version__, "inferfleet": inferfleet_version()}
     if manifest.backend == "tensorrt":
         try:
             import tensorrt
+
             mine["tensorrt"] = tensorrt.__version__
         except ImportError:
             mine["tensorrt"] = "not installed"
     for library, version in mine.items():
         built = manifest.versions.get(library)
         if built != version:
-            raise EngineMismatch(f"engine {manifest.engine_key} was built with {library} {built}, this runtime has "
-                                 f"{library} {version}; rebuild the engine")
+            raise EngineMismatch(
+                f"engine {manifest.engine_key} was built with {library} {built}, this runtime has "
+                f"{library} {version}; rebuild the engine"
+            )

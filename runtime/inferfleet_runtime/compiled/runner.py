@@ -27,8 +27,13 @@ from .manifest import Manifest, check_compatible, read_manifest
 
 
 class CompiledModelRunner:
-    def __init__(self, engine_dir: str | Path, config: EngineConfig, device: torch.device | None = None,
-                 model_name: str | None = None):
+    def __init__(
+        self,
+        engine_dir: str | Path,
+        config: EngineConfig,
+        device: torch.device | None = None,
+        model_name: str | None = None,
+    ):
         engine_dir = Path(engine_dir)
         self.manifest: Manifest = read_manifest(engine_dir)
         self.device = device or _manifest_device(self.manifest)
@@ -45,13 +50,13 @@ class CompiledModelRunner:
         # Exactly the slots' capacity, so the scheduler never runs more than the envelope holds.
         self.num_kv_blocks = envelope.max_batch_size * -(-envelope.max_context_length // self.block_size)
         backend = get_backend(self.manifest.backend)
-        self.graphs = {(g.kind, g.bucket): backend.load(engine_dir / g.file, self.device)
-                       for g in self.manifest.graphs}
-        self.kv_cache = torch.zeros(kv_cache_shape(model_config, envelope), dtype=model_config.dtype,
-                                    device=self.device)
+        self.graphs = {(g.kind, g.bucket): backend.load(engine_dir / g.file, self.device) for g in self.manifest.graphs}
+        self.kv_cache = torch.zeros(
+            kv_cache_shape(model_config, envelope), dtype=model_config.dtype, device=self.device
+        )
         self.sampler = Sampler(self.device, seed=config.seed)
-        self._slot_of: dict[int, int] = {}          # seq_id -> slot
-        self._seq_in: dict[int, Sequence] = {}      # slot -> sequence holding it
+        self._slot_of: dict[int, int] = {}  # seq_id -> slot
+        self._seq_in: dict[int, Sequence] = {}  # slot -> sequence holding it
         self._free_slots = list(range(envelope.max_batch_size - 1, -1, -1))
 
     @torch.inference_mode()
@@ -61,11 +66,11 @@ class CompiledModelRunner:
         self._release_done_slots()
         for seq in batch.seqs:
             self._claim_slot(seq)
-        logits_of: dict[int, torch.Tensor] = {}     # index in batch -> logits [vocab]
+        logits_of: dict[int, torch.Tensor] = {}  # index in batch -> logits [vocab]
         decode_rows = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
         largest = self.envelope.decode_buckets[-1]
         for start in range(0, len(decode_rows), largest):
-            rows = decode_rows[start:start + largest]
+            rows = decode_rows[start : start + largest]
             logits = self._run_decode([batch.seqs[i] for i in rows])
             logits_of.update(zip(rows, logits))
         for i, n in enumerate(batch.num_new_tokens):
@@ -74,7 +79,7 @@ class CompiledModelRunner:
         rows = [i for i in range(len(batch.seqs)) if batch.samples(i)]
         results: list[tuple[int, Logprob | None] | None] = [None] * len(batch.seqs)
         if rows:
-            logits = torch.stack([logits_of[i] for i in rows])   # [num_rows, vocab] float32
+            logits = torch.stack([logits_of[i] for i in rows])  # [num_rows, vocab] float32
             for i, sample in zip(rows, self.sampler.sample(logits, [batch.seqs[i] for i in rows])):
                 results[i] = sample
         return results
@@ -93,8 +98,12 @@ class CompiledModelRunner:
         starts_t = torch.tensor(starts, dtype=torch.int64, device=dev)
         slots_t = torch.tensor(slots, dtype=torch.int64, device=dev)
         logits, new_kv = self.graphs["decode", bucket](
-            torch.tensor(tokens, dtype=torch.int64, device=dev).view(bucket, 1), starts_t,
-            torch.ones(bucket, dtype=torch.int64, device=dev), slots_t, self.kv_cache)
+            torch.tensor(tokens, dtype=torch.int64, device=dev).view(bucket, 1),
+            starts_t,
+            torch.ones(bucket, dtype=torch.int64, device=dev),
+            slots_t,
+            self.kv_cache,
+        )
         self.kv_cache[:, :, slots_t[:num], starts_t[:num]] = new_kv[:, :, :num, 0]
         return logits[:num]
 
@@ -109,13 +118,15 @@ class CompiledModelRunner:
         while start < end:
             n = min(end - start, largest)
             bucket = bucket_for(self.envelope.prefill_buckets, n)
-            tokens = seq.token_ids[start:start + n] + [0] * (bucket - n)
+            tokens = seq.token_ids[start : start + n] + [0] * (bucket - n)
             out, new_kv = self.graphs["prefill", bucket](
                 torch.tensor(tokens, dtype=torch.int64, device=dev).view(1, bucket),
                 torch.tensor([start], dtype=torch.int64, device=dev),
                 torch.tensor([n], dtype=torch.int64, device=dev),
-                torch.tensor([slot], dtype=torch.int64, device=dev), self.kv_cache)
-            self.kv_cache[:, :, slot, start:start + n] = new_kv[:, :, 0, :n]
+                torch.tensor([slot], dtype=torch.int64, device=dev),
+                self.kv_cache,
+            )
+            self.kv_cache[:, :, slot, start : start + n] = new_kv[:, :, 0, :n]
             logits = out[0]
             start += n
         return logits
@@ -132,8 +143,10 @@ class CompiledModelRunner:
         if seq.seq_id in self._slot_of:
             return
         if not self._free_slots:
-            raise RuntimeError(f"no free KV slot: more than max_batch_size={self.envelope.max_batch_size} "
-                               "sequences are running (the engine config must cap max_num_seqs)")
+            raise RuntimeError(
+                f"no free KV slot: more than max_batch_size={self.envelope.max_batch_size} "
+                "sequences are running (the engine config must cap max_num_seqs)"
+            )
         slot = self._free_slots.pop()
         self._slot_of[seq.seq_id], self._seq_in[slot] = slot, seq
         if seq.num_computed_tokens:
@@ -143,12 +156,18 @@ class CompiledModelRunner:
         """A choice forked from its parent (n > 1) starts with the parent's computed prompt: copy those K/V."""
         n = seq.num_computed_tokens
         for parent_slot, parent in self._seq_in.items():
-            if (parent is not seq and parent.request_id == seq.request_id and parent.num_computed_tokens >= n
-                    and parent.token_ids[:n] == seq.token_ids[:n]):
+            if (
+                parent is not seq
+                and parent.request_id == seq.request_id
+                and parent.num_computed_tokens >= n
+                and parent.token_ids[:n] == seq.token_ids[:n]
+            ):
                 self.kv_cache[:, :, slot, :n] = self.kv_cache[:, :, parent_slot, :n]
                 return
-        raise RuntimeError(f"sequence {seq.seq_id} arrived with {n} computed tokens that no slot holds "
-                           "(compiled engines run without prefix caching)")
+        raise RuntimeError(
+            f"sequence {seq.seq_id} arrived with {n} computed tokens that no slot holds "
+            "(compiled engines run without prefix caching)"
+        )
 
 
 def fit_engine_config(manifest: Manifest, config: EngineConfig) -> None:
@@ -165,9 +184,12 @@ def _manifest_device(manifest: Manifest) -> torch.device:
     return torch.device("cpu" if manifest.target_architecture.startswith("cpu-") else "cuda")
 
 
-def make_compiled_engine(engine_dir: str | Path, config: EngineConfig | None = None, device: torch.device | None = None):
+def make_compiled_engine(
+    engine_dir: str | Path, config: EngineConfig | None = None, device: torch.device | None = None
+):
     """An LLMEngine over a compiled engine directory (offline use, benchmarks, tests)."""
     from inferfleet_runtime.engine import LLMEngine
+
     config = config or EngineConfig()
     fit_engine_config(read_manifest(engine_dir), config)
     return LLMEngine(CompiledModelRunner(engine_dir, config, device), config)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -53,7 +53,7 @@ def has_triton_device() -> bool:
 
 
 def resolve_backend(backend: str) -> str:
-    """"auto" -> "triton" when a Triton device and triton are present, else "reference"."""
+    """ "auto" -> "triton" when a Triton device and triton are present, else "reference"."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernels backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     if backend == "auto":

@@ -12,7 +12,6 @@ import torch
 from ._triton import FLOAT_DTYPES, check_dtype, check_last_dim_contiguous, next_power_of_2, triton_kernel
 
 
-
 def silu_and_mul_reference(x):
     """The spec: silu(x[:, :I]) * x[:, I:]."""
     gate, up = x.float().chunk(2, dim=-1)

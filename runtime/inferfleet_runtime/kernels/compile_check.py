@@ -24,8 +24,13 @@ from inferfleet_runtime.config import DTYPES
 
 from . import _triton, activation, kv_cache, paged_attention, rms_norm, rotary
 
-POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
-                 torch.int32: "*i32", torch.int64: "*i64"}
+POINTER_TYPES = {
+    torch.float16: "*fp16",
+    torch.bfloat16: "*bf16",
+    torch.float32: "*fp32",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 
 
@@ -68,7 +73,9 @@ def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
     with recording(launches, "rotary"):
         rotary.rotary(z(2, 32, 128), z(2, 8, 128), torch.zeros(2, dtype=torch.int64), torch.zeros(16, 128))
     with recording(launches, "write_kv"):
-        kv_cache.write_kv(z(2, 8, 128), z(2, 8, 128), z(4, 16, 8, 128), z(4, 16, 8, 128), torch.zeros(2, dtype=torch.int64))
+        kv_cache.write_kv(
+            z(2, 8, 128), z(2, 8, 128), z(4, 16, 8, 128), z(4, 16, 8, 128), torch.zeros(2, dtype=torch.int64)
+        )
     groups = [(32, 8)] if quick else [(32, 32), (32, 8), (32, 1)]
     for head_dim in head_dims:
         for num_heads, num_kv_heads in groups:
@@ -78,13 +85,25 @@ def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
             seq_lens = torch.tensor([100, 7], dtype=torch.int32)
             query = z(2, num_heads, head_dim)
             with recording(launches, name + " decode"):
-                paged_attention.paged_attention(query, *caches, block_tables, seq_lens, 0.1, num_splits=1, max_seq_len=100)
+                paged_attention.paged_attention(
+                    query, *caches, block_tables, seq_lens, 0.1, num_splits=1, max_seq_len=100
+                )
             with recording(launches, name + " split decode"):
-                paged_attention.paged_attention(query, *caches, block_tables, seq_lens, 0.1, num_splits=4, max_seq_len=100)
+                paged_attention.paged_attention(
+                    query, *caches, block_tables, seq_lens, 0.1, num_splits=4, max_seq_len=100
+                )
             with recording(launches, name + " prefill"):
                 starts = torch.tensor([0, 50, 57], dtype=torch.int32)
-                paged_attention.paged_attention(z(57, num_heads, head_dim), *caches, block_tables, seq_lens, 0.1,
-                                                query_start_loc=starts, max_query_len=50, max_seq_len=100)
+                paged_attention.paged_attention(
+                    z(57, num_heads, head_dim),
+                    *caches,
+                    block_tables,
+                    seq_lens,
+                    0.1,
+                    query_start_loc=starts,
+                    max_query_len=50,
+                    max_seq_len=100,
+                )
     return launches
 
 
@@ -96,7 +115,7 @@ def signature_of(jit_fn, launch: Launch) -> tuple[dict, dict, dict]:
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         elif isinstance(value, float):
             signature[name] = "fp32"
         else:
@@ -132,7 +151,9 @@ def parse_target(text: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inferfleet_runtime.kernels.compile_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m inferfleet_runtime.kernels.compile_check", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--target", action="append", help="cuda:90 (default), cuda:80, hip:gfx942, ...")
     parser.add_argument("--dtype", action="append", choices=list(DTYPES))
     parser.add_argument("--head-dim", type=int, action="append")
@@ -158,11 +179,15 @@ def main(argv=None) -> int:
                     compiled = compile_launch(launch, target)
                 except Exception as e:  # report every failing variant, not only the first
                     num_failed += 1
-                    print(f"FAIL {target.backend}:{target.arch} {dtype_name} {launch.label} {launch.kernel.fn.__name__}: "
-                          f"{str(e).splitlines()[-1] if str(e) else type(e).__name__}")
+                    print(
+                        f"FAIL {target.backend}:{target.arch} {dtype_name} {launch.label} {launch.kernel.fn.__name__}: "
+                        f"{str(e).splitlines()[-1] if str(e) else type(e).__name__}"
+                    )
                     continue
-                print(f"ok   {target.backend}:{target.arch} {dtype_name} {launch.label:<36} {launch.kernel.fn.__name__:<28} "
-                      f"shared {compiled.metadata.shared:>6} B  {time.perf_counter() - started:5.1f} s")
+                print(
+                    f"ok   {target.backend}:{target.arch} {dtype_name} {launch.label:<36} {launch.kernel.fn.__name__:<28} "
+                    f"shared {compiled.metadata.shared:>6} B  {time.perf_counter() - started:5.1f} s"
+                )
     print("all variants compiled" if not num_failed else f"{num_failed} variants FAILED to compile")
     return 1 if num_failed else 0
 

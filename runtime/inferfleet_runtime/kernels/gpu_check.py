@@ -49,9 +49,19 @@ class Shapes:
     check_cases: tuple = ((3, 1000), (2, 37, 50))  # small decode / prefill checks in every dtype
 
 
-SMOKE = Shapes(num_heads=4, num_kv_heads=2, head_dim=80, block_size=8, decode_cases=((2, 40), (1, 130)),
-               prefill_cases=((2, 9, 7),), num_tokens=3, hidden=96, intermediate=40, copy_numel=1 << 16,
-               check_cases=((2, 20), (2, 5, 6)))
+SMOKE = Shapes(
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=80,
+    block_size=8,
+    decode_cases=((2, 40), (1, 130)),
+    prefill_cases=((2, 9, 7),),
+    num_tokens=3,
+    hidden=96,
+    intermediate=40,
+    copy_numel=1 << 16,
+    check_cases=((2, 20), (2, 5, 6)),
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,7 @@ def paged_batch(shapes: Shapes, seq_lens, dtype, gen, device):
     block_tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device=device)
     offset = 0
     for b, n in enumerate(blocks):
-        block_tables[b, :n] = ids[offset:offset + n]
+        block_tables[b, :n] = ids[offset : offset + n]
         offset += n
     return key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32, device=device)
 
@@ -108,7 +118,7 @@ def paged_batch(shapes: Shapes, seq_lens, dtype, gen, device):
 def decode_case(shapes: Shapes, num_seqs, context, dtype, gen, device, plan=None, label=""):
     key_cache, value_cache, block_tables, seq_lens = paged_batch(shapes, [context] * num_seqs, dtype, gen, device)
     query = torch.randn(num_seqs, shapes.num_heads, shapes.head_dim, generator=gen, device=device).to(dtype)
-    args = (query, key_cache, value_cache, block_tables, seq_lens, shapes.head_dim ** -0.5)
+    args = (query, key_cache, value_cache, block_tables, seq_lens, shapes.head_dim**-0.5)
     kv_bytes = 2 * num_seqs * context * shapes.num_kv_heads * shapes.head_dim * key_cache.element_size()
     return Case(
         f"paged decode {num_seqs}x{context}{label}",
@@ -123,7 +133,7 @@ def prefill_case(shapes: Shapes, num_seqs, prefix, new, dtype, gen, device):
     key_cache, value_cache, block_tables, seq_lens = paged_batch(shapes, [prefix + new] * num_seqs, dtype, gen, device)
     query = torch.randn(num_seqs * new, shapes.num_heads, shapes.head_dim, generator=gen, device=device).to(dtype)
     starts = torch.arange(0, num_seqs * new + 1, new, dtype=torch.int32, device=device)
-    args = (query, key_cache, value_cache, block_tables, seq_lens, shapes.head_dim ** -0.5)
+    args = (query, key_cache, value_cache, block_tables, seq_lens, shapes.head_dim**-0.5)
     kwargs = dict(query_start_loc=starts, max_query_len=new, max_seq_len=prefix + new)
     kv_bytes = 2 * num_seqs * (prefix + new) * shapes.num_kv_heads * shapes.head_dim * key_cache.element_size()
     # Causal: new token t sees prefix + t + 1 keys; QK^T and PV are 2 flops per multiply-add each.
@@ -148,9 +158,11 @@ def elementwise_cases(shapes: Shapes, dtype, gen, device):
     positions = torch.randint(0, max_positions, (s.num_tokens,), generator=gen, device=device)
     cos_sin = torch.randn(max_positions, s.head_dim, generator=gen, device=device)
     num_slots = 4 * s.num_tokens * s.block_size
-    caches = [torch.zeros(num_slots // s.block_size, s.block_size, s.num_kv_heads, s.head_dim, dtype=dtype,
-                          device=device) for _ in range(4)]
-    slots = torch.randperm(num_slots, generator=gen, device=device)[:s.num_tokens]
+    caches = [
+        torch.zeros(num_slots // s.block_size, s.block_size, s.num_kv_heads, s.head_dim, dtype=dtype, device=device)
+        for _ in range(4)
+    ]
+    slots = torch.randperm(num_slots, generator=gen, device=device)[: s.num_tokens]
 
     def write(fn, key_cache, value_cache):
         fn(k, k, key_cache, value_cache, slots)
@@ -158,15 +170,30 @@ def elementwise_cases(shapes: Shapes, dtype, gen, device):
 
     kv_row = s.num_kv_heads * s.head_dim * element
     return [
-        Case(f"rms_norm+residual {s.num_tokens}x{s.hidden}", lambda: rms_norm.rms_norm(x, weight, 1e-5, residual),
-             lambda: rms_norm.rms_norm_reference(x, weight, 1e-5, residual), 4 * x.numel() * element),
-        Case(f"silu_and_mul {s.num_tokens}x{s.intermediate}", lambda: activation.silu_and_mul(gate_up),
-             lambda: activation.silu_and_mul_reference(gate_up), 3 * s.num_tokens * s.intermediate * element),
-        Case(f"rotary {s.num_tokens}x({s.num_heads}+{s.num_kv_heads})x{s.head_dim}",
-             lambda: rotary.rotary(q, k, positions, cos_sin), lambda: rotary.rotary_reference(q, k, positions, cos_sin),
-             2 * (q.numel() + k.numel()) * element + s.num_tokens * s.head_dim * 4),
-        Case(f"write_kv {s.num_tokens} tokens", lambda: write(kv_cache.write_kv, *caches[:2]),
-             lambda: write(kv_cache.write_kv_reference, *caches[2:]), 4 * s.num_tokens * kv_row + s.num_tokens * 8),
+        Case(
+            f"rms_norm+residual {s.num_tokens}x{s.hidden}",
+            lambda: rms_norm.rms_norm(x, weight, 1e-5, residual),
+            lambda: rms_norm.rms_norm_reference(x, weight, 1e-5, residual),
+            4 * x.numel() * element,
+        ),
+        Case(
+            f"silu_and_mul {s.num_tokens}x{s.intermediate}",
+            lambda: activation.silu_and_mul(gate_up),
+            lambda: activation.silu_and_mul_reference(gate_up),
+            3 * s.num_tokens * s.intermediate * element,
+        ),
+        Case(
+            f"rotary {s.num_tokens}x({s.num_heads}+{s.num_kv_heads})x{s.head_dim}",
+            lambda: rotary.rotary(q, k, positions, cos_sin),
+            lambda: rotary.rotary_reference(q, k, positions, cos_sin),
+            2 * (q.numel() + k.numel()) * element + s.num_tokens * s.head_dim * 4,
+        ),
+        Case(
+            f"write_kv {s.num_tokens} tokens",
+            lambda: write(kv_cache.write_kv, *caches[:2]),
+            lambda: write(kv_cache.write_kv_reference, *caches[2:]),
+            4 * s.num_tokens * kv_row + s.num_tokens * 8,
+        ),
     ]
 
 
@@ -174,17 +201,37 @@ def sweep_cases(shapes: Shapes, dtype, gen, device, num_sms):
     """Decode tile variants for the long-context cases, to pick the planner's defaults on a GPU."""
     for num_seqs, context in shapes.decode_cases[:2]:
         base = paged_attention.plan_paged_attention(
-            num_seqs=num_seqs, num_q_heads=shapes.num_heads, num_kv_heads=shapes.num_kv_heads,
-            head_dim=shapes.head_dim, max_query_len=1, max_seq_len=context, is_decode=True, num_sms=num_sms)
+            num_seqs=num_seqs,
+            num_q_heads=shapes.num_heads,
+            num_kv_heads=shapes.num_kv_heads,
+            head_dim=shapes.head_dim,
+            max_query_len=1,
+            max_seq_len=context,
+            is_decode=True,
+            num_sms=num_sms,
+        )
         for block_n in (16, 32, 64):
             for num_warps in (2, 4, 8):
                 for num_stages in (2, 3):
                     partition = -(-base.partition_size // block_n) * block_n
-                    plan = dataclasses.replace(base, block_n=block_n, partition_size=partition,
-                                               num_partitions=-(-context // partition), num_warps=num_warps,
-                                               num_stages=num_stages)
-                    yield decode_case(shapes, num_seqs, context, dtype, gen, device, plan,
-                                      f" n{block_n} w{num_warps} s{num_stages} p{plan.num_partitions}")
+                    plan = dataclasses.replace(
+                        base,
+                        block_n=block_n,
+                        partition_size=partition,
+                        num_partitions=-(-context // partition),
+                        num_warps=num_warps,
+                        num_stages=num_stages,
+                    )
+                    yield decode_case(
+                        shapes,
+                        num_seqs,
+                        context,
+                        dtype,
+                        gen,
+                        device,
+                        plan,
+                        f" n{block_n} w{num_warps} s{num_stages} p{plan.num_partitions}",
+                    )
 
 
 def timed_cases(shapes: Shapes, dtype, gen, device, sweep: bool, num_sms: int):
@@ -212,7 +259,9 @@ def check(case: Case, dtype) -> tuple[bool, float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inferfleet_runtime.kernels.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m inferfleet_runtime.kernels.gpu_check", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--sweep", action="store_true", help="also time decode tile variants")
@@ -225,7 +274,9 @@ def main(argv=None) -> int:
         shapes, device, num_sms, iters = SMOKE, torch.device("cpu"), 16, 1
     else:
         if not torch.cuda.is_available():
-            print("gpu_check: no CUDA or ROCm GPU is visible to torch; nothing was compiled or measured", file=sys.stderr)
+            print(
+                "gpu_check: no CUDA or ROCm GPU is visible to torch; nothing was compiled or measured", file=sys.stderr
+            )
             return 2
         if is_interpreting():
             print("gpu_check: TRITON_INTERPRET is set; unset it to compile for the GPU", file=sys.stderr)
@@ -239,7 +290,9 @@ def main(argv=None) -> int:
     dtype = DTYPES[args.dtype]
     gen = torch.Generator(device=device).manual_seed(0)
     copy_bw = copy_bandwidth(shapes, iters, device)
-    print(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s ({shapes.copy_numel * 2 >> 20} MiB copy, read + write); dtype {args.dtype}")
+    print(
+        f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s ({shapes.copy_numel * 2 >> 20} MiB copy, read + write); dtype {args.dtype}"
+    )
     header = f"{'kernel case':<44} {'ok':>3} {'max err':>9} {'time us':>9} {'GB/s':>7} {'of copy':>7} {'TFLOP/s':>8}"
     print(header)
     print("-" * len(header))
@@ -250,14 +303,18 @@ def main(argv=None) -> int:
         ms = median_ms(case.run, iters, device)
         bw = case.num_bytes / (ms / 1e3)
         tflops = f"{case.num_flops / (ms / 1e3) / 1e12:8.1f}" if case.num_flops else f"{'':8}"
-        print(f"{case.name:<44} {'yes' if ok else 'NO':>3} {err:9.2e} {ms * 1e3:9.1f} {bw / 1e9:7.0f} {bw / copy_bw:7.2f} {tflops}")
+        print(
+            f"{case.name:<44} {'yes' if ok else 'NO':>3} {err:9.2e} {ms * 1e3:9.1f} {bw / 1e9:7.0f} {bw / copy_bw:7.2f} {tflops}"
+        )
     # Correctness in every dtype, fp32 included (its dots run in IEEE fp32, not tf32), on small cases.
     (decode_seqs, decode_context), (prefill_seqs, prefix, new) = shapes.check_cases
     for other in DTYPES.values():
         if device.type == "cpu" and other == torch.bfloat16:
             continue  # the interpreter has no bf16
-        for case in (decode_case(shapes, decode_seqs, decode_context, other, gen, device),
-                     prefill_case(shapes, prefill_seqs, prefix, new, other, gen, device)):
+        for case in (
+            decode_case(shapes, decode_seqs, decode_context, other, gen, device),
+            prefill_case(shapes, prefill_seqs, prefix, new, other, gen, device),
+        ):
             ok, err = check(case, other)
             num_failed += not ok
             print(f"{case.name + ' ' + str(other)[6:]:<44} {'yes' if ok else 'NO':>3} {err:9.2e}")

@@ -48,14 +48,14 @@ class ReferenceLayout:
     """What the reference derives from the block tables and lengths alone, the same in every layer of a step:
     build it once per step with `reference_layout` and pass it to every layer's call."""
 
-    rows: torch.Tensor                 # [num_seqs * num_keys] int64: flat cache row of each padded key position
-    mask: torch.Tensor                 # [num_seqs, 1, max_q, num_keys] float32: 0 for keys a query row sees, else
-                                       # -inf (what SDPA makes of a bool mask, made once instead of per call)
+    rows: torch.Tensor  # [num_seqs * num_keys] int64: flat cache row of each padded key position
+    mask: torch.Tensor  # [num_seqs, 1, max_q, num_keys] float32: 0 for keys a query row sees, else
+    # -inf (what SDPA makes of a bool mask, made once instead of per call)
     seq_of_token: torch.Tensor | None  # [num_tokens] int64 (None for decode: token i is sequence i, row 0)
     row_of_token: torch.Tensor | None  # [num_tokens] int64
     num_seqs: int
     max_q: int
-    num_keys: int                      # gathered key positions per sequence: whole blocks up to the longest
+    num_keys: int  # gathered key positions per sequence: whole blocks up to the longest
 
 
 def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, max_seq_len=None) -> ReferenceLayout:
@@ -77,7 +77,7 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
         num_tokens = int(query_start_loc[-1])
         seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
         row_of_token = torch.arange(num_tokens, device=device) - query_start_loc[:-1].long()[seq_of_token]
-        if max_q == 1 and num_tokens == num_seqs:      # one token per sequence, in order: no scatter needed
+        if max_q == 1 and num_tokens == num_seqs:  # one token per sequence, in order: no scatter needed
             seq_of_token = row_of_token = None
     # Query row r of sequence b sits at position seq_len - q_len + r and sees keys up to it;
     # padding rows see key 0 only (keeps softmax finite; their output is dropped).
@@ -90,8 +90,16 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
 
 
 def paged_attention_reference(
-    query, key_cache, value_cache, block_tables, seq_lens, scale,
-    query_start_loc=None, max_query_len=1, max_seq_len=None, layout: ReferenceLayout | None = None,
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    query_start_loc=None,
+    max_query_len=1,
+    max_seq_len=None,
+    layout: ReferenceLayout | None = None,
 ):
     """The spec. Vectorised over sequences: gathers each sequence's blocks, pads to the longest.
 
@@ -116,8 +124,12 @@ def paged_attention_reference(
         q = query.new_zeros(num_seqs, max_q, num_q_heads, head_dim)
         q[layout.seq_of_token, layout.row_of_token] = query
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
-        attn_mask=layout.mask, scale=scale, enable_gqa=num_q_heads != num_kv_heads,
+        q.float().transpose(1, 2),
+        k.float().transpose(1, 2),
+        v.float().transpose(1, 2),
+        attn_mask=layout.mask,
+        scale=scale,
+        enable_gqa=num_q_heads != num_kv_heads,
     )  # [num_seqs, Hq, max_q, D]
     if layout.seq_of_token is None:
         return out[:, :, 0].to(query.dtype)
@@ -129,15 +141,38 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 @triton_kernel
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
     scale_log2,
-    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
-    stride_cache_block, stride_cache_slot, stride_cache_head, stride_block_table,
-    num_q_heads, num_partitions, partition_size,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_DECODE: tl.constexpr, IS_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_q_token,
+    stride_q_head,
+    stride_out_token,
+    stride_out_head,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_block_table,
+    num_q_heads,
+    num_partitions,
+    partition_size,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IS_DECODE: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -163,7 +198,8 @@ def _paged_attention_kernel(
     d_valid = d < HEAD_DIM
     q = tl.load(
         q_ptr + token[:, None] * stride_q_token + head[:, None] * stride_q_head + d[None, :],
-        mask=row_valid[:, None] & d_valid[None, :], other=0.0,
+        mask=row_valid[:, None] & d_valid[None, :],
+        other=0.0,
     )
 
     # Causal bound of the tile (its last query's position + 1), clipped to this partition.
@@ -199,22 +235,35 @@ def _paged_attention_kernel(
     if IS_SPLIT:
         # Partials: part_out [T, Hq, P, D] (unnormalised), part_max / part_sum [T, Hq, P].
         part_row = (token * num_q_heads + head) * num_partitions + part
-        tl.store(part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_valid[:, None] & d_valid[None, :])
+        tl.store(
+            part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_valid[:, None] & d_valid[None, :]
+        )
         tl.store(part_max_ptr + part_row, m_i, mask=row_valid)
         tl.store(part_sum_ptr + part_row, l_i, mask=row_valid)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + token[:, None] * stride_out_token + head[:, None] * stride_out_head + d[None, :],
-            out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & d_valid[None, :],
         )
 
 
 @triton_kernel
 def _reduce_partitions_kernel(
-    part_out_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr,
-    stride_out_token, stride_out_head, num_q_heads, num_partitions, partition_size,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    stride_out_token,
+    stride_out_head,
+    num_q_heads,
+    num_partitions,
+    partition_size,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     # Decode only: token == sequence. Merges the partitions that hold any of its context.
     token = tl.program_id(0).to(tl.int64)
@@ -226,8 +275,8 @@ def _reduce_partitions_kernel(
     p_valid = p < num_used
     m = tl.load(part_max_ptr + base + p, mask=p_valid, other=-1.0e30)
     m_max = tl.max(m, 0)
-    l = tl.load(part_sum_ptr + base + p, mask=p_valid, other=0.0)
-    total = tl.sum(l * tl.exp2(m - m_max), 0)
+    sums = tl.load(part_sum_ptr + base + p, mask=p_valid, other=0.0)
+    total = tl.sum(sums * tl.exp2(m - m_max), 0)
     d = tl.arange(0, BLOCK_D)
     d_valid = d < HEAD_DIM
     acc = tl.zeros([BLOCK_D], tl.float32)
@@ -235,7 +284,9 @@ def _reduce_partitions_kernel(
         weight = tl.exp2(tl.load(part_max_ptr + base + i) - m_max)
         acc += weight * tl.load(part_out_ptr + (base + i) * HEAD_DIM + d, mask=d_valid, other=0.0)
     out = acc / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + token * stride_out_token + head * stride_out_head + d, out.to(out_ptr.dtype.element_ty), mask=d_valid)
+    tl.store(
+        out_ptr + token * stride_out_token + head * stride_out_head + d, out.to(out_ptr.dtype.element_ty), mask=d_valid
+    )
 
 
 @dataclass(frozen=True)
@@ -257,8 +308,9 @@ class AttentionPlan:
         return self.num_partitions > 1
 
 
-def plan_paged_attention(*, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len, max_seq_len,
-                         is_decode, num_splits=None, num_sms=16) -> AttentionPlan:
+def plan_paged_attention(
+    *, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len, max_seq_len, is_decode, num_splits=None, num_sms=16
+) -> AttentionPlan:
     """Chooses tiles and the KV split. num_splits None: decode splits until about two programs run
     per streaming multiprocessor (num_sms), keeping each partition at least four tiles long."""
     group = num_q_heads // num_kv_heads
@@ -279,9 +331,13 @@ def plan_paged_attention(*, num_seqs, num_q_heads, num_kv_heads, head_dim, max_q
     partition_size = -(-max_seq_len // num_splits)
     partition_size = -(-partition_size // block_n) * block_n
     return AttentionPlan(
-        block_q=block_q, block_g=block_g, block_n=block_n, block_d=block_d,
+        block_q=block_q,
+        block_g=block_g,
+        block_n=block_n,
+        block_d=block_d,
         num_q_tiles=-(-max_query_len // block_q),
-        num_partitions=-(-max_seq_len // partition_size), partition_size=partition_size,
+        num_partitions=-(-max_seq_len // partition_size),
+        partition_size=partition_size,
     )
 
 
@@ -292,8 +348,17 @@ def _num_sms(device: torch.device) -> int:
 
 
 def paged_attention(
-    query, key_cache, value_cache, block_tables, seq_lens, scale,
-    query_start_loc=None, max_query_len=1, max_seq_len=None, num_splits=None, plan=None,
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    query_start_loc=None,
+    max_query_len=1,
+    max_seq_len=None,
+    num_splits=None,
+    plan=None,
 ):
     """Attention of new query tokens over their sequences' paged KV cache (Triton).
 
@@ -323,7 +388,9 @@ def paged_attention(
     num_tokens, num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
     if cache_head_dim != head_dim or num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"head_dim {head_dim} vs cache {cache_head_dim}, or Hq {num_q_heads} not a multiple of Hkv {num_kv_heads}")
+        raise ValueError(
+            f"head_dim {head_dim} vs cache {cache_head_dim}, or Hq {num_q_heads} not a multiple of Hkv {num_kv_heads}"
+        )
     check_dtype("query", query, FLOAT_DTYPES)
     if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
         raise TypeError(f"cache dtypes {key_cache.dtype}/{value_cache.dtype} differ from query dtype {query.dtype}")
@@ -331,7 +398,9 @@ def paged_attention(
         raise ValueError("query must be contiguous in head_dim and the caches contiguous")
     num_seqs = seq_lens.shape[0]
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.dtype != torch.int32:
-        raise ValueError(f"block_tables must be [{num_seqs}, max_blocks] int32, got {tuple(block_tables.shape)} {block_tables.dtype}")
+        raise ValueError(
+            f"block_tables must be [{num_seqs}, max_blocks] int32, got {tuple(block_tables.shape)} {block_tables.dtype}"
+        )
     if seq_lens.dtype != torch.int32:
         raise TypeError(f"seq_lens must be int32, got {seq_lens.dtype}")
     is_decode = query_start_loc is None
@@ -341,8 +410,12 @@ def paged_attention(
         max_query_len = 1
         query_start_loc = seq_lens  # unused by the decode kernel
     elif query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
-        raise ValueError(f"query_start_loc must be [{num_seqs + 1}] int32, got {tuple(query_start_loc.shape)} {query_start_loc.dtype}")
-    check_same_device(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables, seq_lens=seq_lens)
+        raise ValueError(
+            f"query_start_loc must be [{num_seqs + 1}] int32, got {tuple(query_start_loc.shape)} {query_start_loc.dtype}"
+        )
+    check_same_device(
+        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables, seq_lens=seq_lens
+    )
     block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=query.dtype, device=query.device)
     if num_tokens == 0:
@@ -351,39 +424,85 @@ def paged_attention(
         max_seq_len = int(seq_lens.max())
 
     plan = plan or plan_paged_attention(
-        num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        max_query_len=max_query_len, max_seq_len=max_seq_len, is_decode=is_decode, num_splits=num_splits,
+        num_seqs=num_seqs,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        is_decode=is_decode,
+        num_splits=num_splits,
         num_sms=_num_sms(query.device),
     )
     num_partitions, is_split = plan.num_partitions, plan.is_split
-    if (plan.partition_size % plan.block_n or num_partitions * plan.partition_size < max_seq_len
-            or plan.num_q_tiles * plan.block_q < max_query_len or plan.block_d < head_dim
-            or plan.block_g < num_q_heads // num_kv_heads or (is_split and not is_decode)):
+    if (
+        plan.partition_size % plan.block_n
+        or num_partitions * plan.partition_size < max_seq_len
+        or plan.num_q_tiles * plan.block_q < max_query_len
+        or plan.block_d < head_dim
+        or plan.block_g < num_q_heads // num_kv_heads
+        or (is_split and not is_decode)
+    ):
         raise ValueError(f"inconsistent attention plan {plan} for max_seq_len {max_seq_len}")
     if is_split:
-        part_out = torch.empty((num_tokens, num_q_heads, num_partitions, head_dim), dtype=torch.float32, device=query.device)
+        part_out = torch.empty(
+            (num_tokens, num_q_heads, num_partitions, head_dim), dtype=torch.float32, device=query.device
+        )
         part_max = torch.empty((num_tokens, num_q_heads, num_partitions), dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
     else:
         part_out = part_max = part_sum = out
     grid = (num_seqs, num_kv_heads, plan.num_q_tiles * num_partitions)
     _paged_attention_kernel.on(query.device)[grid](
-        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-        out, part_out, part_max, part_sum,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        part_out,
+        part_max,
+        part_sum,
         float(scale) * LOG2_E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
-        num_q_heads, num_partitions, plan.partition_size,
-        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_G=plan.block_g, BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
-        IS_DECODE=is_decode, IS_SPLIT=is_split,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        block_tables.stride(0),
+        num_q_heads,
+        num_partitions,
+        plan.partition_size,
+        GROUP=num_q_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_G=plan.block_g,
+        BLOCK_Q=plan.block_q,
+        BLOCK_N=plan.block_n,
+        BLOCK_D=plan.block_d,
+        IS_DECODE=is_decode,
+        IS_SPLIT=is_split,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
     )
     if is_split:
         _reduce_partitions_kernel.on(query.device)[(num_tokens, num_q_heads)](
-            part_out, part_max, part_sum, seq_lens, out,
-            out.stride(0), out.stride(1), num_q_heads, num_partitions, plan.partition_size,
-            HEAD_DIM=head_dim, BLOCK_D=plan.block_d, BLOCK_P=next_power_of_2(num_partitions),
+            part_out,
+            part_max,
+            part_sum,
+            seq_lens,
+            out,
+            out.stride(0),
+            out.stride(1),
+            num_q_heads,
+            num_partitions,
+            plan.partition_size,
+            HEAD_DIM=head_dim,
+            BLOCK_D=plan.block_d,
+            BLOCK_P=next_power_of_2(num_partitions),
         )
     return out

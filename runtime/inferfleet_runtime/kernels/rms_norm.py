@@ -16,8 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import FLOAT_DTYPES, check_dtype, check_last_dim_contiguous, check_same_device, next_power_of_2, triton_kernel
-
+from ._triton import (
+    FLOAT_DTYPES,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    next_power_of_2,
+    triton_kernel,
+)
 
 
 def rms_norm_reference(x, weight, eps, residual=None):
@@ -35,10 +41,19 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 @triton_kernel
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
-    stride_x, stride_residual, stride_out, stride_residual_out,
-    hidden_size, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    residual_out_ptr,
+    stride_x,
+    stride_residual,
+    stride_out,
+    stride_residual_out,
+    hidden_size,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
@@ -67,7 +82,9 @@ def rms_norm(x, weight, eps, residual=None):
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if residual is not None:
         if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(f"residual must match x: {tuple(residual.shape)} {residual.dtype} vs {tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"residual must match x: {tuple(residual.shape)} {residual.dtype} vs {tuple(x.shape)} {x.dtype}"
+            )
         check_last_dim_contiguous("residual", residual)
         residual_out = torch.empty_like(out)
     else:
@@ -76,10 +93,19 @@ def rms_norm(x, weight, eps, residual=None):
         return out, residual_out
     kernel = _rms_norm_kernel.on(x.device)
     kernel[(num_tokens,)](
-        x, residual, weight, out, residual_out,
-        x.stride(0), residual.stride(0), out.stride(0), residual_out.stride(0),
-        hidden_size, float(eps),
-        HAS_RESIDUAL=residual_out is not x, BLOCK_H=next_power_of_2(hidden_size),
+        x,
+        residual,
+        weight,
+        out,
+        residual_out,
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        residual_out.stride(0),
+        hidden_size,
+        float(eps),
+        HAS_RESIDUAL=residual_out is not x,
+        BLOCK_H=next_power_of_2(hidden_size),
         num_warps=min(8, max(1, next_power_of_2(hidden_size) // 1024)),
     )
     return out, residual_out

@@ -17,8 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import FLOAT_DTYPES, check_dtype, check_last_dim_contiguous, check_same_device, next_power_of_2, triton_kernel
-
+from ._triton import (
+    FLOAT_DTYPES,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    next_power_of_2,
+    triton_kernel,
+)
 
 
 def rotary_reference(query, key, positions, cos_sin_cache):
@@ -39,10 +45,23 @@ tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)
 
 @triton_kernel
 def _rotary_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, positions_ptr, cache_ptr,
-    stride_q_token, stride_q_head, stride_k_token, stride_k_head, stride_cache,
-    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    positions_ptr,
+    cache_ptr,
+    stride_q_token,
+    stride_q_head,
+    stride_k_token,
+    stride_k_head,
+    stride_cache,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     # One program per token: all its query heads as one [BLOCK_HQ, HALF] tile pair, then all key heads.
     token = tl.program_id(0).to(tl.int64)
@@ -76,10 +95,14 @@ def _rotary_kernel(
 def rotary(query, key, positions, cos_sin_cache):
     """Triton launcher; same contract as `rotary_reference`."""
     if query.dim() != 3 or key.dim() != 3 or query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
-        raise ValueError(f"expected query [T, Hq, D] and key [T, Hkv, D], got {tuple(query.shape)} and {tuple(key.shape)}")
+        raise ValueError(
+            f"expected query [T, Hq, D] and key [T, Hkv, D], got {tuple(query.shape)} and {tuple(key.shape)}"
+        )
     num_tokens, num_q_heads, head_dim = query.shape
     if head_dim % 2 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
-        raise ValueError(f"cos_sin_cache must be [max_pos, {head_dim}] with an even head_dim, got {tuple(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache must be [max_pos, {head_dim}] with an even head_dim, got {tuple(cos_sin_cache.shape)}"
+        )
     if positions.shape != (num_tokens,) or positions.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"positions must be [{num_tokens}] int64, got {tuple(positions.shape)} {positions.dtype}")
     check_dtype("query", query, FLOAT_DTYPES)
@@ -98,10 +121,23 @@ def rotary(query, key, positions, cos_sin_cache):
     num_k_heads = key.shape[1]
     half = head_dim // 2
     _rotary_kernel.on(query.device)[(num_tokens,)](
-        query, key, q_out, k_out, positions, cos_sin_cache,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos_sin_cache.stride(0),
-        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HALF=half,
-        BLOCK_HQ=next_power_of_2(num_q_heads), BLOCK_HK=next_power_of_2(num_k_heads),
-        BLOCK_HALF=next_power_of_2(half), num_warps=4 if num_q_heads * half >= 1024 else 1,
+        query,
+        key,
+        q_out,
+        k_out,
+        positions,
+        cos_sin_cache,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        cos_sin_cache.stride(0),
+        NUM_Q_HEADS=num_q_heads,
+        NUM_K_HEADS=num_k_heads,
+        HALF=half,
+        BLOCK_HQ=next_power_of_2(num_q_heads),
+        BLOCK_HK=next_power_of_2(num_k_heads),
+        BLOCK_HALF=next_power_of_2(half),
+        num_warps=4 if num_q_heads * half >= 1024 else 1,
     )
     return q_out, k_out

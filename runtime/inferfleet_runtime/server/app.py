@@ -28,8 +28,15 @@ RETRY_AFTER_S = 1
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.headers = headers
@@ -39,7 +46,7 @@ class APIError(Exception):
 class ServerState:
     served_model_name: str
     metrics: ServerMetrics
-    engine: AsyncEngine | None = None          # None until the model has loaded
+    engine: AsyncEngine | None = None  # None until the model has loaded
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -102,7 +109,14 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         if not prompt_ids:
             raise APIError(400, "prompt must not be empty", param="prompt")
         params = _params(body.sampling_params, body.max_tokens, body.logprobs)
-        return await _respond(engine, request, body, prompt_ids, params, CompletionFormat(state.served_model_name, engine.engine.tokenizer))
+        return await _respond(
+            engine,
+            request,
+            body,
+            prompt_ids,
+            params,
+            CompletionFormat(state.served_model_name, engine.engine.tokenizer),
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -111,12 +125,15 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         tokenizer = engine.engine.tokenizer
         try:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except Exception as exc:   # template errors are the request's fault (e.g. unsupported roles)
-            raise APIError(400, f"messages could not be rendered with the chat template: {exc}",
-                           param="messages") from exc
+        except Exception as exc:  # template errors are the request's fault (e.g. unsupported roles)
+            raise APIError(
+                400, f"messages could not be rendered with the chat template: {exc}", param="messages"
+            ) from exc
         prompt_ids = [tokenizer.encode(text, add_special_tokens=False)]
         params = _params(body.sampling_params, body.resolved_max_tokens, body.num_logprobs)
-        return await _respond(engine, request, body, prompt_ids, params, ChatFormat(state.served_model_name, engine.engine.tokenizer))
+        return await _respond(
+            engine, request, body, prompt_ids, params, ChatFormat(state.served_model_name, engine.engine.tokenizer)
+        )
 
     return app
 
@@ -148,8 +165,9 @@ def _serving_engine(state: ServerState, model: str) -> AsyncEngine:
         raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model", "model_not_found")
     engine = state.engine
     if engine is None:
-        raise APIError(503, "The model is still loading.", "ServiceUnavailable",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise APIError(
+            503, "The model is still loading.", "ServiceUnavailable", headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
     if not engine.is_healthy:
         raise APIError(503, f"The engine stopped: {engine.error!r}", "ServiceUnavailable")
     return engine
@@ -177,8 +195,9 @@ async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list
         try:
             engine.engine.check_length(len(ids), params.max_tokens)
         except ContextLengthError as exc:
-            raise APIError(400, str(exc), param="max_tokens" if params.max_tokens else "prompt",
-                           code="context_length_exceeded") from exc
+            raise APIError(
+                400, str(exc), param="max_tokens" if params.max_tokens else "prompt", code="context_length_exceeded"
+            ) from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from exc
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
@@ -188,20 +207,25 @@ async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list
         for sub_id, ids in zip(sub_ids, prompt_ids):
             streams.append(engine.submit(sub_id, ids, params))
     except QueueFullError as exc:
-        for sub_id in sub_ids[:len(streams)]:
+        for sub_id in sub_ids[: len(streams)]:
             engine.abort(sub_id)
-        raise APIError(429, f"Too many requests are waiting ({exc}); retry later.", "RateLimitError",
-                       headers={"Retry-After": str(RETRY_AFTER_S)}) from exc
+        raise APIError(
+            429,
+            f"Too many requests are waiting ({exc}); retry later.",
+            "RateLimitError",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from exc
     except EngineDeadError as exc:
         raise APIError(503, str(exc), "ServiceUnavailable") from exc
     merged = _merge(streams, params.n)
     if body.stream:
-        return StreamingResponse(_sse(fmt, request_id, merged, body.include_usage, params.n),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            _sse(fmt, request_id, merged, body.include_usage, params.n), media_type="text/event-stream"
+        )
     collect = asyncio.ensure_future(_collect(merged, len(prompt_ids) * params.n))
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     await asyncio.wait({collect, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if not collect.done():       # the client left: abort, which frees the request's blocks
+    if not collect.done():  # the client left: abort, which frees the request's blocks
         collect.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await collect
@@ -211,7 +235,7 @@ async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list
         choices, num_prompt, num_completion = collect.result()
     except EngineDeadError as exc:
         raise APIError(503, str(exc), "ServiceUnavailable") from exc
-    except ValueError as exc:      # refused by the engine itself
+    except ValueError as exc:  # refused by the engine itself
         raise APIError(400, str(exc)) from exc
     return fmt.response(request_id, choices, num_prompt, num_completion)
 
@@ -280,7 +304,7 @@ async def _sse(fmt, request_id: str, merged, include_usage: bool, n: int) -> Asy
                             yield _event(first, include_usage)
                     if delta.text or delta.logprobs or delta.finish_reason:
                         yield _event(fmt.chunk(request_id, index, delta), include_usage)
-    except Exception as exc:    # headers are sent already: report in-band, then end the stream
+    except Exception as exc:  # headers are sent already: report in-band, then end the stream
         log.warning("Stream %s failed: %s", request_id, exc)
         yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
     else:

@@ -9,29 +9,42 @@ from pathlib import Path
 
 from inferfleet_runtime.engine_config import KERNEL_BACKENDS, EngineConfig
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", metavar="DIR", help="Hugging Face checkpoint directory (paged engine)")
     source.add_argument("--engine-dir", metavar="DIR", help="compiled engine directory (with manifest.json)")
-    parser.add_argument("--engine", choices=("paged", "compiled"), default=None,
-                        help="engine mode (default: paged for --model, compiled for --engine-dir)")
+    parser.add_argument(
+        "--engine",
+        choices=("paged", "compiled"),
+        default=None,
+        help="engine mode (default: paged for --model, compiled for --engine-dir)",
+    )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", default=None,
-                        help="the OpenAI model id (default: the model directory's name; inferfleet-demo for the "
-                             "built-in model)")
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the OpenAI model id (default: the model directory's name; inferfleet-demo for the built-in model)",
+    )
     parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), default=None)
     parser.add_argument("--device", default=None, help="torch device (default: the first accelerator, else cpu)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache blocks to allocate")
-    kv.add_argument("--kv-cache-memory", type=_bytes, default=None, metavar="BYTES",
-                    help="KV cache budget, e.g. 2GiB or 500MB (default: 80%% of free GPU memory; 1GiB on CPU)")
+    kv.add_argument(
+        "--kv-cache-memory",
+        type=_bytes,
+        default=None,
+        metavar="BYTES",
+        help="KV cache budget, e.g. 2GiB or 500MB (default: 80%% of free GPU memory; 1GiB on CPU)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="new tokens per engine step")
     parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
-    parser.add_argument("--max-queue-len", type=int, default=1024,
-                        help="waiting requests beyond this are refused with 429")
+    parser.add_argument(
+        "--max-queue-len", type=int, default=1024, help="waiting requests beyond this are refused with 429"
+    )
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     parser.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -40,11 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration the flags ask for (ValueError on a bad value)."""
     return EngineConfig(
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, max_queue_len=args.max_queue_len,
-        enable_prefix_caching=not args.no_prefix_caching, kernels=args.kernels,
-        dtype=None if args.dtype in (None, "auto") else args.dtype, device=args.device)
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        max_queue_len=args.max_queue_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        kernels=args.kernels,
+        dtype=None if args.dtype in (None, "auto") else args.dtype,
+        device=args.device,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         if not (engine_dir / "manifest.json").is_file():
             return _fail(f"{engine_dir} is not a compiled engine directory (no manifest.json)")
         try:
-            make_runner = compiled.runner_factory(engine_dir, config)   # refuses mismatched engines
+            make_runner = compiled.runner_factory(engine_dir, config)  # refuses mismatched engines
         except ValueError as exc:
             return _fail(str(exc))
         default_name = engine_dir.name
@@ -80,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(make_runner, config: EngineConfig, served_model_name: str, host: str, port: int,
-          log_level: str = "info") -> None:
+def serve(
+    make_runner, config: EngineConfig, served_model_name: str, host: str, port: int, log_level: str = "info"
+) -> None:
     """Starts uvicorn at once (/health answers, /ready says 503) and loads the model in the background."""
     import uvicorn
 
@@ -112,13 +133,16 @@ def build_state(make_runner, config: EngineConfig, served_model_name: str):
 def _paged_runner(model_dir: Path, config: EngineConfig):
     def make():
         from inferfleet_runtime.model_runner import ModelRunner
+
         return ModelRunner.from_model_dir(model_dir, config)
+
     return make
 
 
 def _default_name(model_dir: Path) -> str:
     """The built-in model (a copy made by `demo-model`, or its cache) is inferfleet-demo; others, their directory."""
     from inferfleet_runtime.demo_model import SERVED_NAME, cache_root
+
     resolved = model_dir.resolve()
     if resolved.name == SERVED_NAME or resolved.is_relative_to(cache_root().resolve()):
         return SERVED_NAME
@@ -129,7 +153,7 @@ def _bytes(text: str) -> int:
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
     lowered = text.strip().lower()
     number = lowered.rstrip("kmgib")
-    unit = lowered[len(number):]
+    unit = lowered[len(number) :]
     try:
         return int(float(number) * units[unit])
     except (KeyError, ValueError):

@@ -8,8 +8,11 @@ from inferfleet_runtime.engine import CompletionOutput
 
 
 def usage(num_prompt: int, num_completion: int) -> dict:
-    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion, "total_tokens": num_prompt + num_completion}
-
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_completion,
+        "total_tokens": num_prompt + num_completion,
+    }
 
 
 class CompletionFormat:
@@ -35,8 +38,9 @@ class CompletionFormat:
         return {
             "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in choice.logprobs],
-            "top_logprobs": [{self.tokenizer.decode([t], skip_special_tokens=False): v for t, v in lp.top}
-                             for lp in choice.logprobs],
+            "top_logprobs": [
+                {self.tokenizer.decode([t], skip_special_tokens=False): v for t, v in lp.top} for lp in choice.logprobs
+            ],
             "text_offset": offsets,
         }
 
@@ -44,18 +48,30 @@ class CompletionFormat:
         return None
 
     def chunk(self, request_id: str, index: int, delta: CompletionOutput) -> dict:
-        return {**self._base(request_id, "text_completion"),
-                "choices": [{"index": index, "text": delta.text, "logprobs": self._logprobs(delta),
-                             "finish_reason": delta.finish_reason}]}
+        return {
+            **self._base(request_id, "text_completion"),
+            "choices": [
+                {
+                    "index": index,
+                    "text": delta.text,
+                    "logprobs": self._logprobs(delta),
+                    "finish_reason": delta.finish_reason,
+                }
+            ],
+        }
 
     def usage_chunk(self, request_id: str, usage: dict) -> dict:
         return {**self._base(request_id, "text_completion"), "choices": [], "usage": usage}
 
     def response(self, request_id: str, choices: list[CompletionOutput], num_prompt: int, num_completion: int):
-        return {**self._base(request_id, "text_completion"),
-                "choices": [{"index": c.index, "text": c.text, "logprobs": self._logprobs(c),
-                             "finish_reason": c.finish_reason} for c in choices],
-                "usage": usage(num_prompt, num_completion)}
+        return {
+            **self._base(request_id, "text_completion"),
+            "choices": [
+                {"index": c.index, "text": c.text, "logprobs": self._logprobs(c), "finish_reason": c.finish_reason}
+                for c in choices
+            ],
+            "usage": usage(num_prompt, num_completion),
+        }
 
 
 class ChatFormat(CompletionFormat):
@@ -70,25 +86,49 @@ class ChatFormat(CompletionFormat):
     def _logprobs(self, choice: CompletionOutput, text_offset: int = 0):
         if not choice.logprobs:
             return None
-        return {"content": [{**self._entry(lp.token_id, lp.logprob),
-                             "top_logprobs": [self._entry(t, v) for t, v in lp.top]} for lp in choice.logprobs]}
+        return {
+            "content": [
+                {**self._entry(lp.token_id, lp.logprob), "top_logprobs": [self._entry(t, v) for t, v in lp.top]}
+                for lp in choice.logprobs
+            ]
+        }
 
     def first_chunk(self, request_id: str, index: int) -> dict:
-        return {**self._base(request_id, "chat.completion.chunk"),
-                "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}]}
+        return {
+            **self._base(request_id, "chat.completion.chunk"),
+            "choices": [
+                {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            ],
+        }
 
     def chunk(self, request_id: str, index: int, delta: CompletionOutput) -> dict:
         content = {"content": delta.text} if delta.text else {}
-        return {**self._base(request_id, "chat.completion.chunk"),
-                "choices": [{"index": index, "delta": content, "logprobs": self._logprobs(delta),
-                             "finish_reason": delta.finish_reason}]}
+        return {
+            **self._base(request_id, "chat.completion.chunk"),
+            "choices": [
+                {
+                    "index": index,
+                    "delta": content,
+                    "logprobs": self._logprobs(delta),
+                    "finish_reason": delta.finish_reason,
+                }
+            ],
+        }
 
     def usage_chunk(self, request_id: str, usage: dict) -> dict:
         return {**self._base(request_id, "chat.completion.chunk"), "choices": [], "usage": usage}
 
     def response(self, request_id: str, choices: list[CompletionOutput], num_prompt: int, num_completion: int):
-        return {**self._base(request_id, "chat.completion"),
-                "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": self._logprobs(c), "finish_reason": c.finish_reason} for c in choices],
-                "usage": usage(num_prompt, num_completion)}
+        return {
+            **self._base(request_id, "chat.completion"),
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": self._logprobs(c),
+                    "finish_reason": c.finish_reason,
+                }
+                for c in choices
+            ],
+            "usage": usage(num_prompt, num_completion),
+        }

@@ -28,7 +28,7 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     user: str | None = None
     # Beyond OpenAI (as vLLM accepts them).
-    top_k: int | None = Field(default=None, ge=-1)      # -1 or 0: no top-k cut
+    top_k: int | None = Field(default=None, ge=-1)  # -1 or 0: no top-k cut
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
     stop_token_ids: list[int] | None = None

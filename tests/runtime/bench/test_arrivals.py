@@ -20,7 +20,7 @@ def test_gaps_have_mean_one_over_rate_and_cv_one_over_sqrt_burstiness(rate, burs
 
 def test_poisson_counts_per_second_have_variance_equal_to_the_mean():
     offsets = np.asarray(arrival_offsets(30_000, 20.0, 1.0, seed=1))
-    counts = np.bincount(offsets.astype(int))[:-1]               # drop the last, partial second
+    counts = np.bincount(offsets.astype(int))[:-1]  # drop the last, partial second
     assert counts.mean() == pytest.approx(20.0, rel=0.05)
     assert counts.var() / counts.mean() == pytest.approx(1.0, abs=0.15)
 

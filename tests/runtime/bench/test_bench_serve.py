@@ -25,14 +25,41 @@ def server(demo_model_dir):
 @pytest.mark.slow
 def test_a_small_run_reports_consistent_metrics_json_and_plot(server, demo_model_dir, tmp_path, capsys):
     out, png = tmp_path / "result.json", tmp_path / "plot.png"
-    code = main(["bench", "serve", "--url", server.base_url, "--num-prompts", "8", "--random-input-len", "4:16",
-                 "--random-output-len", "2:8", "--request-rate", "40", "--burstiness", "0.5", "--max-concurrency", "4",
-                 "--tokenizer", str(demo_model_dir), "--goodput", "ttft:2000", "tpot:500", "--seed", "1",
-                 "--result-json", str(out), "--plot", str(png)])
+    code = main(
+        [
+            "bench",
+            "serve",
+            "--url",
+            server.base_url,
+            "--num-prompts",
+            "8",
+            "--random-input-len",
+            "4:16",
+            "--random-output-len",
+            "2:8",
+            "--request-rate",
+            "40",
+            "--burstiness",
+            "0.5",
+            "--max-concurrency",
+            "4",
+            "--tokenizer",
+            str(demo_model_dir),
+            "--goodput",
+            "ttft:2000",
+            "tpot:500",
+            "--seed",
+            "1",
+            "--result-json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     assert code == 0
     captured = capsys.readouterr()
     assert "Successful requests:" in captured.out and "Median TPOT (ms):" in captured.out
-    assert "8/8" in captured.err                       # the progress bar reached every request
+    assert "8/8" in captured.err  # the progress bar reached every request
 
     result = json.loads(out.read_text())
     assert result["config"]["model"] == MODEL and result["config"]["burstiness"] == 0.5
@@ -45,16 +72,19 @@ def test_a_small_run_reports_consistent_metrics_json_and_plot(server, demo_model
     assert result["total_input_tokens"] == sum(req["prompt_len"])
     assert result["output_throughput"] == pytest.approx(result["total_output_tokens"] / result["duration_s"])
 
-    tpots = [(lat - ttft) / (n - 1) * 1000 for lat, ttft, n in zip(req["latency"], req["ttft"], req["output_len"])
-             if n > 1]
+    tpots = [
+        (lat - ttft) / (n - 1) * 1000 for lat, ttft, n in zip(req["latency"], req["ttft"], req["output_len"]) if n > 1
+    ]
     assert result["tpot_ms"]["mean"] == pytest.approx(sum(tpots) / len(tpots))
     for ttft, latency, itl in zip(req["ttft"], req["latency"], req["itl"]):
         assert 0 < ttft <= latency and sum(itl) <= latency - ttft + 1e-6
     assert result["ttft_ms"]["median"] <= result["ttft_ms"]["p90"] <= result["ttft_ms"]["p99"]
     assert result["e2el_ms"]["mean"] >= result["ttft_ms"]["mean"]
 
-    good = sum(ttft * 1000 <= 2000 and (n < 2 or (lat - ttft) / (n - 1) * 1000 <= 500)
-               for ttft, lat, n in zip(req["ttft"], req["latency"], req["output_len"]))
+    good = sum(
+        ttft * 1000 <= 2000 and (n < 2 or (lat - ttft) / (n - 1) * 1000 <= 500)
+        for ttft, lat, n in zip(req["ttft"], req["latency"], req["output_len"])
+    )
     assert 0 <= result["goodput_fraction"] <= 1
     assert result["num_good_requests"] == good and result["goodput_fraction"] == pytest.approx(good / 8)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

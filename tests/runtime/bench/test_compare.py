@@ -13,8 +13,14 @@ import pytest
 from inferfleet_runtime.bench.gguf_export import rope_rows_interleaved, write_gguf
 from inferfleet_runtime.cli import main
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=384)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=384,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +44,14 @@ def test_gguf_has_llama_cpp_names_shapes_and_the_whole_vocab(tiny_model, tmp_pat
         return reader.fields[name].contents()
 
     assert field("general.architecture") == "llama"
-    assert (field("llama.block_count"), field("llama.attention.head_count"),
-            field("llama.attention.head_count_kv")) == (2, 4, 2)
+    assert (
+        field("llama.block_count"),
+        field("llama.attention.head_count"),
+        field("llama.attention.head_count_kv"),
+    ) == (2, 4, 2)
     assert field("tokenizer.ggml.model") == "gpt2" and field("tokenizer.ggml.pre") == "default"
     tokens = field("tokenizer.ggml.tokens")
-    assert len(tokens) == 384 and tokens[383] == "[PAD383]"      # the tokenizer has 300 ids, the model 384
+    assert len(tokens) == 384 and tokens[383] == "[PAD383]"  # the tokenizer has 300 ids, the model 384
     vocab = json.loads((tiny_model / "tokenizer.json").read_text())["model"]["vocab"]
     assert all(tokens[i] == t for t, i in vocab.items())
 
@@ -57,16 +66,35 @@ def test_rope_rows_move_from_half_split_pairs_to_adjacent_pairs():
 
 def _run_compare(tiny_model, tmp_path, *extra):
     out, png = tmp_path / "compare.json", tmp_path / "compare.png"
-    code = main(["bench", "compare", "--model", str(tiny_model), "--concurrency", "1,2", "--num-prompts", "3",
-                 "--input-len", "4:8", "--output-len", "3", "--rounds", "1", "--result-json", str(out),
-                 "--plot", str(png), *extra])
+    code = main(
+        [
+            "bench",
+            "compare",
+            "--model",
+            str(tiny_model),
+            "--concurrency",
+            "1,2",
+            "--num-prompts",
+            "3",
+            "--input-len",
+            "4:8",
+            "--output-len",
+            "3",
+            "--rounds",
+            "1",
+            "--result-json",
+            str(out),
+            "--plot",
+            str(png),
+            *extra,
+        ]
+    )
     return code, json.loads(out.read_text()) if out.exists() else None, png
 
 
 @pytest.mark.slow
-def test_without_llama_server_it_benchmarks_this_runtime_alone_and_says_so(tiny_model, tmp_path, monkeypatch,
-                                                                           capsys):
-    monkeypatch.setenv("PATH", str(tmp_path))      # no llama-server anywhere on PATH
+def test_without_llama_server_it_benchmarks_this_runtime_alone_and_says_so(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no llama-server anywhere on PATH
     code, result, png = _run_compare(tiny_model, tmp_path)
     assert code == 0
     printed = capsys.readouterr().out
@@ -104,7 +132,7 @@ os.execv(sys.executable, [sys.executable, "-m", "inferfleet_runtime.cli", "serve
         (model_copy / f.name).write_bytes(f.read_bytes())
     code, result, _ = _run_compare(model_copy, tmp_path, "--llama-server", str(fake))
     assert code == 0, capsys.readouterr()
-    assert gguf_path.stat().st_size > 0                      # written beside the checkpoint on first use
+    assert gguf_path.stat().st_size > 0  # written beside the checkpoint on first use
     printed = capsys.readouterr().out
     assert "ratio best/med" in printed and " -np 32 -cb -t 2 " in printed
     for level in ("1", "2"):

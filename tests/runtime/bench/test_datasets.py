@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from inferfleet_runtime.bench.datasets import (DatasetError, parse_range, random_requests, sharegpt_requests,
-                                               token_counter, word_count)
+from inferfleet_runtime.bench.datasets import (
+    DatasetError,
+    parse_range,
+    random_requests,
+    sharegpt_requests,
+    token_counter,
+    word_count,
+)
 
 
 @pytest.mark.parametrize("text, expected", [("32", (32, 32)), ("8:64", (8, 64)), ("1:1", (1, 1))])
@@ -26,7 +32,7 @@ def test_random_requests_draw_lengths_within_the_ranges_and_repeat_with_a_seed()
     assert len(samples) == 200
     assert all(8 <= s.prompt_len <= 64 and s.prompt_len == word_count(s.prompt) for s in samples)
     assert all(4 <= s.expected_output_len <= 16 for s in samples)
-    assert len({s.prompt_len for s in samples}) > 20            # spread over the range, not one length
+    assert len({s.prompt_len for s in samples}) > 20  # spread over the range, not one length
     assert samples == random_requests(200, (8, 64), (4, 16), seed=3)
     assert samples != random_requests(200, (8, 64), (4, 16), seed=4)
 
@@ -62,14 +68,17 @@ def test_sharegpt_takes_the_first_turns_and_the_reply_length(tmp_path):
 
 def test_sharegpt_skips_short_and_malformed_conversations(tmp_path):
     good = _conv("w " * 10, "r " * 12)
-    path = _sharegpt(tmp_path, [
-        good,
-        _conv("too short", "r " * 12),                               # prompt under 4 tokens
-        _conv("w " * 10, "no"),                                      # reply under 4 tokens
-        {"id": "one-turn", "conversations": [{"from": "human", "value": "w " * 10}]},
-        {"id": "no-turns"},
-        "not a conversation",
-    ])
+    path = _sharegpt(
+        tmp_path,
+        [
+            good,
+            _conv("too short", "r " * 12),  # prompt under 4 tokens
+            _conv("w " * 10, "no"),  # reply under 4 tokens
+            {"id": "one-turn", "conversations": [{"from": "human", "value": "w " * 10}]},
+            {"id": "no-turns"},
+            "not a conversation",
+        ],
+    )
     samples = sharegpt_requests(path, 10)
     assert [(s.prompt_len, s.expected_output_len) for s in samples] == [(10, 12)]
 

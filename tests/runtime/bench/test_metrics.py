@@ -9,8 +9,15 @@ from inferfleet_runtime.bench.metrics import parse_goodput, summarize, tpot
 
 
 def _result(ttft, latency, output_len, prompt_len=10, success=True) -> RequestResult:
-    return RequestResult(prompt_len, output_len, success=success, output_len=output_len, ttft=ttft, latency=latency,
-                         itl=[(latency - ttft) / max(1, output_len - 1)] * max(0, output_len - 1))
+    return RequestResult(
+        prompt_len,
+        output_len,
+        success=success,
+        output_len=output_len,
+        ttft=ttft,
+        latency=latency,
+        itl=[(latency - ttft) / max(1, output_len - 1)] * max(0, output_len - 1),
+    )
 
 
 def test_tpot_is_decode_time_over_tokens_after_the_first():
@@ -32,7 +39,7 @@ def test_summary_counts_tokens_throughput_and_percentiles():
 
 
 def test_goodput_counts_requests_meeting_every_slo():
-    results = [_result(0.1, 1.1, 11), _result(0.6, 1.0, 5), _result(0.1, 3.1, 11)]   # tpot 100, 100, 300 ms
+    results = [_result(0.1, 1.1, 11), _result(0.6, 1.0, 5), _result(0.1, 3.1, 11)]  # tpot 100, 100, 300 ms
     s = summarize(results, 4.0, parse_goodput(["ttft:500", "tpot:150"]))
     assert s["num_good_requests"] == 1
     assert s["goodput"] == pytest.approx(0.25) and s["goodput_fraction"] == pytest.approx(1 / 3)

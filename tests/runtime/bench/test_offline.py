@@ -13,8 +13,21 @@ from inferfleet_runtime.bench import offline
 @pytest.mark.slow
 def test_offline_comparison_prints_throughput_ratios_kv_waste_and_step_split(demo_model_dir, tmp_path, capsys):
     out = tmp_path / "figures.json"
-    code = offline.main(["--model", str(demo_model_dir), "--concurrency", "3", "--input-len", "4:10",
-                         "--output-len", "2:6", "--skip-compiled", "--json", str(out)])
+    code = offline.main(
+        [
+            "--model",
+            str(demo_model_dir),
+            "--concurrency",
+            "3",
+            "--input-len",
+            "4:10",
+            "--output-len",
+            "2:6",
+            "--skip-compiled",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "compiled engine: skipped (--skip-compiled)" in printed
@@ -39,6 +52,7 @@ def test_offline_comparison_prints_throughput_ratios_kv_waste_and_step_split(dem
 
     split = figures["step_split"]
     assert split["num_seqs"] == 3 and split["steps"] >= 1
-    assert split["schedule_postprocess_pct"] + split["runner_prep_sampling_pct"] + split["forward_pct"] == \
-        pytest.approx(100.0)
+    assert split["schedule_postprocess_pct"] + split["runner_prep_sampling_pct"] + split[
+        "forward_pct"
+    ] == pytest.approx(100.0)
     assert split["forward_pct"] > 0

@@ -9,8 +9,9 @@ import pytest
 
 # Tiny on purpose: every graph costs tens of seconds of C++ compile on a small CPU. Three graphs:
 # decode batches 2 and 4 (so 1 or 3 running sequences are padded), prompt chunks up to 16 tokens.
-TEST_ENVELOPE = dict(max_context_length=64, max_batch_size=4, dtype="float32",
-                     decode_buckets=(2, 4), prefill_buckets=(16,))
+TEST_ENVELOPE = dict(
+    max_context_length=64, max_batch_size=4, dtype="float32", decode_buckets=(2, 4), prefill_buckets=(16,)
+)
 
 
 def _cache_root() -> Path:
@@ -31,10 +32,28 @@ def compiled_demo_engine(demo_model_dir) -> Path:
     key = default_engine_key(demo_model_dir, envelope, "aotinductor", device_architecture(torch.device("cpu")))
     out = _cache_root() / key
     if not (out / "manifest.json").is_file():
-        code = main(["compile", "--model", str(demo_model_dir), "--out", str(out), "--backend", "aotinductor",
-                     "--device", "cpu", "--max-context-length", str(envelope.max_context_length),
-                     "--max-batch-size", str(envelope.max_batch_size), "--dtype", envelope.dtype,
-                     "--decode-buckets", ",".join(map(str, envelope.decode_buckets)),
-                     "--prefill-buckets", ",".join(map(str, envelope.prefill_buckets))])
+        code = main(
+            [
+                "compile",
+                "--model",
+                str(demo_model_dir),
+                "--out",
+                str(out),
+                "--backend",
+                "aotinductor",
+                "--device",
+                "cpu",
+                "--max-context-length",
+                str(envelope.max_context_length),
+                "--max-batch-size",
+                str(envelope.max_batch_size),
+                "--dtype",
+                envelope.dtype,
+                "--decode-buckets",
+                ",".join(map(str, envelope.decode_buckets)),
+                "--prefill-buckets",
+                ",".join(map(str, envelope.prefill_buckets)),
+            ]
+        )
         assert code == 0, "compiling the demo model failed (see the captured output)"
     return out

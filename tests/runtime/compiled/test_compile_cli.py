@@ -30,8 +30,9 @@ def _stand_in_backend(fail_at: str | None = None):
         built.append((path.name, tuple(example_inputs[0].shape)))
         path.write_bytes(b"graph" * 10)
 
-    return types.SimpleNamespace(FILE_SUFFIX=".pt2", check_available=lambda device: None, build=build,
-                                 load=None, built=built)
+    return types.SimpleNamespace(
+        FILE_SUFFIX=".pt2", check_available=lambda device: None, build=build, load=None, built=built
+    )
 
 
 @pytest.fixture
@@ -40,6 +41,7 @@ def stand_in(monkeypatch):
         backend = _stand_in_backend(fail_at)
         monkeypatch.setattr(export, "get_backend", lambda name: backend)
         return backend
+
     return install
 
 
@@ -49,27 +51,55 @@ def test_build_reports_progress_and_writes_a_manifest(demo_model_dir, tmp_path, 
     termination_log.write_text("")
     monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(termination_log))
     out = tmp_path / "engine"
-    code = main(["compile", "--model", str(demo_model_dir), "--out", str(out), "--backend", "aotinductor", *TINY,
-                 "--decode-buckets", "2,4", "--prefill-buckets", "8,16", "--engine-key", "k1",
-                 "--target-architecture", "amd64"])
+    code = main(
+        [
+            "compile",
+            "--model",
+            str(demo_model_dir),
+            "--out",
+            str(out),
+            "--backend",
+            "aotinductor",
+            *TINY,
+            "--decode-buckets",
+            "2,4",
+            "--prefill-buckets",
+            "8,16",
+            "--engine-key",
+            "k1",
+            "--target-architecture",
+            "amd64",
+        ]
+    )
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
     progress = [PROGRESS.match(line).groups() for line in lines if line.startswith("progress ")]
     percents = [int(p) for _, p in progress]
     assert percents == sorted(percents) and percents[-1] == 100
-    assert [s for s, _ in progress] == ["load", "export-decode-b2", "export-decode-b4", "export-prefill-l8",
-                                        "export-prefill-l16", "write", "done"]
+    assert [s for s, _ in progress] == [
+        "load",
+        "export-decode-b2",
+        "export-decode-b4",
+        "export-prefill-l8",
+        "export-prefill-l16",
+        "write",
+        "done",
+    ]
     assert lines[-1].startswith(f"built engine=k1 dir={out} seconds=")
     # decode graphs take one token per row, prefill graphs one row of bucket length
-    assert backend.built == [("decode-b2.pt2", (2, 1)), ("decode-b4.pt2", (4, 1)),
-                             ("prefill-l8.pt2", (1, 8)), ("prefill-l16.pt2", (1, 16))]
+    assert backend.built == [
+        ("decode-b2.pt2", (2, 1)),
+        ("decode-b4.pt2", (4, 1)),
+        ("prefill-l8.pt2", (1, 8)),
+        ("prefill-l16.pt2", (1, 16)),
+    ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["engine_key"] == "k1" and manifest["backend"] == "aotinductor"
     assert manifest["target_architecture"] == device_architecture(torch.device("cpu"))
     assert manifest["envelope"]["max_context_length"] == 64 and manifest["envelope"]["decode_buckets"] == [2, 4]
     assert set(manifest["versions"]) == {"torch", "inferfleet"}
     assert manifest["sizes"]["graph_bytes"] == 4 * 50
-    assert manifest["sizes"]["kv_cache_bytes"] == 3 * 2 * 4 * 64 * 2 * 24 * 4   # layers, K/V, slots, ctx, heads, dim
+    assert manifest["sizes"]["kv_cache_bytes"] == 3 * 2 * 4 * 64 * 2 * 24 * 4  # layers, K/V, slots, ctx, heads, dim
     assert (out / "model" / "tokenizer.json").is_file() and not list((out / "model").glob("*.safetensors"))
     assert not list(tmp_path.glob(".engine.building-*"))
     # what the operator reads from the compile container's termination message
@@ -80,8 +110,22 @@ def test_build_reports_progress_and_writes_a_manifest(demo_model_dir, tmp_path, 
 
 def test_rebuild_of_the_same_key_keeps_the_engine(demo_model_dir, tmp_path, stand_in, capsys):
     backend = stand_in()
-    args = ["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), *TINY, "--engine-key", "k2",
-            "--decode-buckets", "4", "--prefill-buckets", "16", "--backend", "aotinductor"]
+    args = [
+        "compile",
+        "--model",
+        str(demo_model_dir),
+        "--out",
+        str(tmp_path / "e"),
+        *TINY,
+        "--engine-key",
+        "k2",
+        "--decode-buckets",
+        "4",
+        "--prefill-buckets",
+        "16",
+        "--backend",
+        "aotinductor",
+    ]
     assert main(args) == 0
     assert len(backend.built) == 2
     assert main(args) == 0
@@ -95,8 +139,22 @@ def test_failed_build_exits_1_and_leaves_no_engine(demo_model_dir, tmp_path, sta
     termination_log.write_text("")
     monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(termination_log))
     out = tmp_path / "engine"
-    code = main(["compile", "--model", str(demo_model_dir), "--out", str(out), "--backend", "aotinductor", *TINY,
-                 "--decode-buckets", "4", "--prefill-buckets", "16"])
+    code = main(
+        [
+            "compile",
+            "--model",
+            str(demo_model_dir),
+            "--out",
+            str(out),
+            "--backend",
+            "aotinductor",
+            *TINY,
+            "--decode-buckets",
+            "4",
+            "--prefill-buckets",
+            "16",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
     assert err[-1] == "inferfleet-runtime compile: error: build failed: RuntimeError: compiler crashed"
@@ -104,23 +162,48 @@ def test_failed_build_exits_1_and_leaves_no_engine(demo_model_dir, tmp_path, sta
     assert termination_log.read_text() == err[-1]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--prefill-buckets", "16,128"], "must lie in [2, --max-context-length 64]"),
-    (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 is not supported"),
-    (["--target-architecture", "sm90"], "the build targets sm90, but this machine's cpu is cpu-"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--prefill-buckets", "16,128"], "must lie in [2, --max-context-length 64]"),
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 is not supported"),
+        (["--target-architecture", "sm90"], "the build targets sm90, but this machine's cpu is cpu-"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(demo_model_dir, tmp_path, stand_in, capsys, extra, message):
     backend = stand_in()
-    code = main(["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), "--backend", "aotinductor",
-                 *TINY, *extra])
+    code = main(
+        [
+            "compile",
+            "--model",
+            str(demo_model_dir),
+            "--out",
+            str(tmp_path / "e"),
+            "--backend",
+            "aotinductor",
+            *TINY,
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1
     assert backend.built == [] and not (tmp_path / "e").exists()
 
 
 def test_context_beyond_the_model_exits_2(demo_model_dir, tmp_path, capsys):
-    code = main(["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), "--device", "cpu",
-                 "--max-context-length", "100000"])
+    code = main(
+        [
+            "compile",
+            "--model",
+            str(demo_model_dir),
+            "--out",
+            str(tmp_path / "e"),
+            "--device",
+            "cpu",
+            "--max-context-length",
+            "100000",
+        ]
+    )
     assert code == 2 and "exceeds the model's max_position_embeddings 1024" in capsys.readouterr().err
 
 
@@ -136,6 +219,7 @@ def test_unavailable_backend_exits_2(demo_model_dir, tmp_path, monkeypatch, caps
         raise BackendUnavailable("the aotinductor backend needs a C++ compiler (g++) on the CPU; install g++")
 
     monkeypatch.setattr(aotinductor, "check_available", unavailable)
-    code = main(["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), "--backend", "aotinductor",
-                 *TINY])
+    code = main(
+        ["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), "--backend", "aotinductor", *TINY]
+    )
     assert code == 2 and "needs a C++ compiler" in capsys.readouterr().err

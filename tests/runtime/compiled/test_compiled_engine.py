@@ -15,7 +15,7 @@ PROMPTS = [
     "Beautiful is better than",
     "Explicit is",
     "Simple is better than complex. Complex is better than",
-    "Errors should never pass silently. Unless explicitly silenced. In the face of ambiguity,",   # > 16 tokens
+    "Errors should never pass silently. Unless explicitly silenced. In the face of ambiguity,",  # > 16 tokens
     "Now is better than never.",
     "Flat is better than nested. Sparse is",
 ]
@@ -59,7 +59,7 @@ def test_single_prompt_matches_paged_through_the_padded_smallest_bucket(paged, c
 
 def test_concurrent_batch_matches_paged_as_it_shrinks_across_buckets(paged, compiled):
     compiled.graph_calls.clear()
-    prompts, lengths = PROMPTS[:4], [4, 9, 14, 20]   # 4 running, then 3 (bucket 4), 2 and 1 (bucket 2)
+    prompts, lengths = PROMPTS[:4], [4, 9, 14, 20]  # 4 running, then 3 (bucket 4), 2 and 1 (bucket 2)
     assert _greedy(compiled, prompts, lengths) == _greedy(paged, prompts, lengths)
     assert compiled.graph_calls[("decode", 4)] > 0 and compiled.graph_calls[("decode", 2)] > 0
     # a prompt runs in pieces of at most 16 tokens: the long one needs more than one
@@ -69,7 +69,7 @@ def test_concurrent_batch_matches_paged_as_it_shrinks_across_buckets(paged, comp
 
 
 def test_more_requests_than_slots_reuse_slots_and_match_paged(paged, compiled):
-    lengths = [6, 3, 8, 5, 7, 2]   # six requests on four slots: the last two wait for finished ones' slots
+    lengths = [6, 3, 8, 5, 7, 2]  # six requests on four slots: the last two wait for finished ones' slots
     assert _greedy(compiled, PROMPTS, lengths) == _greedy(paged, PROMPTS, lengths)
 
 
@@ -77,12 +77,14 @@ def test_chunked_prefill_under_a_small_token_budget_matches_paged(demo_model_dir
     engine = make_compiled_engine(compiled_demo_engine, EngineConfig(max_num_batched_tokens=7))
     small_paged = LLMEngine.from_model_dir(demo_model_dir, EngineConfig(max_num_seqs=4, max_num_batched_tokens=7))
     prompts, lengths = PROMPTS[2:5], [5, 10, 3]
-    assert _greedy(engine, prompts, lengths) == _greedy(small_paged, prompts, lengths) == _greedy(paged, prompts, lengths)
+    assert (
+        _greedy(engine, prompts, lengths) == _greedy(small_paged, prompts, lengths) == _greedy(paged, prompts, lengths)
+    )
 
 
 def test_choices_forked_from_a_long_prompt_copy_its_cached_prefix(paged, compiled):
     prompt = PROMPTS[3]
-    assert len(compiled.encode(prompt)) > 16   # a full block is shared with the second choice
+    assert len(compiled.encode(prompt)) > 16  # a full block is shared with the second choice
     out = compiled.generate([prompt], SamplingParams(temperature=0, max_tokens=10, n=2, ignore_eos=True))[0]
     expected = _greedy(paged, [prompt], [10])[0]
     assert [c.token_ids for c in out.outputs] == [expected, expected]
@@ -91,6 +93,6 @@ def test_choices_forked_from_a_long_prompt_copy_its_cached_prefix(paged, compile
 def test_compiled_engine_caps_context_and_batch_at_the_envelope(compiled):
     assert compiled.max_model_len == 64
     assert compiled.scheduler.max_num_seqs == 4
-    assert compiled.block_manager.num_blocks == 4 * 4   # 4 slots of 64 tokens in blocks of 16
+    assert compiled.block_manager.num_blocks == 4 * 4  # 4 slots of 64 tokens in blocks of 16
     with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
         compiled.check_length(60, 5)

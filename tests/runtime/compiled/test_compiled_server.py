@@ -26,7 +26,7 @@ PROMPTS = ["Beautiful is better than", "Explicit is", "Readability", "Errors sho
 
 @pytest.fixture(scope="module")
 def server(compiled_demo_engine):
-    config = EngineConfig()   # the serve defaults (64 sequences, prefix caching): fitted to the envelope
+    config = EngineConfig()  # the serve defaults (64 sequences, prefix caching): fitted to the envelope
     with running_server(compiled.runner_factory(compiled_demo_engine, config), config, MODEL) as srv:
         yield srv
 
@@ -50,7 +50,7 @@ def test_concurrent_completions_equal_the_paged_engine(client, paged_texts):
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         texts = list(pool.map(complete, PROMPTS))
     assert texts == paged_texts
-    assert complete(PROMPTS[0]) == paged_texts[0]   # alone: the smallest decode bucket
+    assert complete(PROMPTS[0]) == paged_texts[0]  # alone: the smallest decode bucket
 
 
 def test_streamed_completion_equals_the_paged_engine(client, paged_texts):
@@ -59,8 +59,9 @@ def test_streamed_completion_equals_the_paged_engine(client, paged_texts):
 
 
 def test_request_beyond_the_context_envelope_gets_400(server):
-    r = httpx.post(f"{server.base_url}/v1/completions",
-                   json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 60}, timeout=30)
+    r = httpx.post(
+        f"{server.base_url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 60}, timeout=30
+    )
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded" and "maximum context length is 64 tokens" in error["message"]
@@ -74,7 +75,7 @@ def test_prompt_that_fills_the_envelope_gets_400(server):
 
 def test_metrics_report_the_envelope_as_kv_capacity(server, client):
     client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=2, temperature=0)
-    assert server.engine.block_manager.num_blocks == 16    # 4 slots x 64 tokens in blocks of 16
+    assert server.engine.block_manager.num_blocks == 16  # 4 slots x 64 tokens in blocks of 16
     assert server.engine.scheduler.max_num_seqs == 4
     assert httpx.get(f"{server.base_url}/metrics").status_code == 200
 
@@ -89,11 +90,14 @@ def _copy_with_manifest(engine_dir, dest, **changes):
     return dest
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"target_architecture": "sm90"}, "was built for sm90, this machine has no GPU"),
-    ({"target_architecture": "cpu-riscv64"}, "was built for cpu-riscv64, this machine is cpu-"),
-    ({"versions": {"torch": "2.0.0", "inferfleet": "0.1.0"}}, "was built with torch 2.0.0, this runtime has torch"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"target_architecture": "sm90"}, "was built for sm90, this machine has no GPU"),
+        ({"target_architecture": "cpu-riscv64"}, "was built for cpu-riscv64, this machine is cpu-"),
+        ({"versions": {"torch": "2.0.0", "inferfleet": "0.1.0"}}, "was built with torch 2.0.0, this runtime has torch"),
+    ],
+)
 def test_serve_refuses_a_mismatched_engine_with_one_line(compiled_demo_engine, tmp_path, capsys, changes, message):
     engine_dir = _copy_with_manifest(compiled_demo_engine, tmp_path / "engine", **changes)
     code = main(["serve", "--engine-dir", str(engine_dir), "--port", "0"])
@@ -110,9 +114,26 @@ def test_serve_command_of_the_operators_pods_serves_the_engine(compiled_demo_eng
 
     port = free_port()
     # The compiled serving pod's command (operator manifests: serve --engine-dir DIR --engine compiled ...).
-    proc = subprocess.Popen([sys.executable, "-m", "inferfleet_runtime.cli", "serve", "--engine-dir",
-                             str(compiled_demo_engine), "--engine", "compiled", "--port", str(port),
-                             "--host", "127.0.0.1", "--served-model-name", MODEL, "--log-level", "warning"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferfleet_runtime.cli",
+            "serve",
+            "--engine-dir",
+            str(compiled_demo_engine),
+            "--engine",
+            "compiled",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--served-model-name",
+            MODEL,
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
@@ -125,8 +146,11 @@ def test_serve_command_of_the_operators_pods_serves_the_engine(compiled_demo_eng
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 10,
-                                                        "temperature": 0}, timeout=30)
+        r = httpx.post(
+            f"{base}/v1/completions",
+            json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0},
+            timeout=30,
+        )
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == paged_texts[0]
     finally:
         proc.terminate()

@@ -24,13 +24,16 @@ def test_bucket_for_picks_the_smallest_that_holds():
     assert bucket_for((2, 4, 8), 9) is None
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(decode_buckets=(1, 2)), "must be positive and end at --max-batch-size 4"),
-    (dict(prefill_buckets=(16, 128)), "must lie in [2, --max-context-length 64]"),
-    (dict(tensor_parallel_size=2), "--tensor-parallel-size 2 is not supported"),
-    (dict(dtype="int8"), "--dtype must be one of"),
-    (dict(max_batch_size=0), "--max-batch-size must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(decode_buckets=(1, 2)), "must be positive and end at --max-batch-size 4"),
+        (dict(prefill_buckets=(16, 128)), "must lie in [2, --max-context-length 64]"),
+        (dict(tensor_parallel_size=2), "--tensor-parallel-size 2 is not supported"),
+        (dict(dtype="int8"), "--dtype must be one of"),
+        (dict(max_batch_size=0), "--max-batch-size must be at least 1"),
+    ],
+)
 def test_refuses_envelopes_it_cannot_build(kwargs, message):
     with pytest.raises(EnvelopeError) as info:
         Envelope(**{"max_context_length": 64, "max_batch_size": 4, **kwargs})

@@ -21,7 +21,7 @@ def _job_args(spec: EngineBuildSpec) -> list[str]:
 
 def _replace(args: list[str], flag: str, value: str) -> list[str]:
     i = args.index(flag)
-    return args[:i + 1] + [value] + args[i + 2:]
+    return args[: i + 1] + [value] + args[i + 2 :]
 
 
 def test_compile_job_args_build_an_engine_with_the_operators_key(demo_model_dir, tmp_path, monkeypatch, capsys):
@@ -29,9 +29,16 @@ def test_compile_job_args_build_an_engine_with_the_operators_key(demo_model_dir,
 
     backend = _stand_in_backend()
     monkeypatch.setattr(export, "get_backend", lambda name: backend)
-    spec = EngineBuildSpec(engine_key="0123abcd", model_uri="file:///data/demo", revision="main",
-                           envelope=EngineEnvelope(max_context_length=128, max_batch_size=4, dtype="float32"),
-                           vendor="cpu", architecture="amd64", image="runtime:1", compile_image="runtime:1")
+    spec = EngineBuildSpec(
+        engine_key="0123abcd",
+        model_uri="file:///data/demo",
+        revision="main",
+        envelope=EngineEnvelope(max_context_length=128, max_batch_size=4, dtype="float32"),
+        vendor="cpu",
+        architecture="amd64",
+        image="runtime:1",
+        compile_image="runtime:1",
+    )
     args = _job_args(spec)
     assert args[0] == "compile" and args[args.index("--backend") + 1] == "aotinductor"
     args = _replace(_replace(args, "--model", str(demo_model_dir)), "--out", str(tmp_path / "0123abcd"))
@@ -43,11 +50,20 @@ def test_compile_job_args_build_an_engine_with_the_operators_key(demo_model_dir,
 
 
 def test_nvidia_compile_job_asks_for_tensorrt_and_parses(demo_model_dir):
-    spec = EngineBuildSpec(engine_key="k", model_uri="file:///data/demo", revision="main", envelope=EngineEnvelope(),
-                           vendor="nvidia", architecture="sm90", image="i", compile_image="i")
+    spec = EngineBuildSpec(
+        engine_key="k",
+        model_uri="file:///data/demo",
+        revision="main",
+        envelope=EngineEnvelope(),
+        vendor="nvidia",
+        architecture="sm90",
+        image="i",
+        compile_image="i",
+    )
     args = _job_args(spec)
     parser = argparse.ArgumentParser()
     from inferfleet_runtime.compiled import cli as compile_cli
+
     compile_cli.add_arguments(parser)
     parsed = parser.parse_args(args[1:])
     assert (parsed.backend, parsed.target_architecture, parsed.dtype) == ("tensorrt", "sm90", "bfloat16")

@@ -29,17 +29,16 @@ def test_chunked_prefill_then_padded_decode_match_the_paged_model(demo_model_dir
     c = loaded.config
     kv = torch.zeros(c.num_layers, 2, SLOTS, CONTEXT, c.num_kv_heads, c.head_dim, dtype=dtype)
     prompts = [loaded.tokenizer.encode(p) for p in ("Beautiful is better than ugly. Explicit is", "Flat is")]
-    slots = [2, 0]   # not in order, and slot 1 stays empty
+    slots = [2, 0]  # not in order, and slot 1 stays empty
     assert len(prompts[0]) > 8 >= len(prompts[1])
     with torch.no_grad():
         # Prefill in pieces of a 8-token bucket (padded), the second piece over the first one's cached K/V.
         for prompt, slot in zip(prompts, slots):
             for start in range(0, len(prompt), 8):
-                piece = prompt[start:start + 8]
+                piece = prompt[start : start + 8]
                 ids = torch.tensor([piece + [0] * (8 - len(piece))])
-                logits, new_kv = step(ids, torch.tensor([start]), torch.tensor([len(piece)]),
-                                      torch.tensor([slot]), kv)
-                kv[:, :, slot, start:start + len(piece)] = new_kv[:, :, 0, :len(piece)]
+                logits, new_kv = step(ids, torch.tensor([start]), torch.tensor([len(piece)]), torch.tensor([slot]), kv)
+                kv[:, :, slot, start : start + len(piece)] = new_kv[:, :, 0, : len(piece)]
             want = _paged_logits(model, prompt)[-1]
             torch.testing.assert_close(logits[0], want, rtol=tol, atol=tol)
         # One decode step of both sequences in a 3-row bucket; the last row is padding.

@@ -11,14 +11,28 @@ from inferfleet_runtime.cli import main
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 HAS_NVIDIA_GPU = torch.cuda.is_available() and not getattr(torch.version, "hip", None)
-MISSING = ", ".join(what for what, ok in (("TensorRT is not installed", HAS_TENSORRT),
-                                          ("no NVIDIA CUDA GPU", HAS_NVIDIA_GPU)) if not ok)
+MISSING = ", ".join(
+    what for what, ok in (("TensorRT is not installed", HAS_TENSORRT), ("no NVIDIA CUDA GPU", HAS_NVIDIA_GPU)) if not ok
+)
 
 
 @pytest.mark.skipif(not MISSING, reason="TensorRT and an NVIDIA GPU are present: the build is tested instead")
 def test_tensorrt_build_without_tensorrt_or_gpu_exits_2_with_the_reason(demo_model_dir, tmp_path, capsys):
-    code = main(["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), "--backend", "tensorrt",
-                 "--max-context-length", "64", "--max-batch-size", "2"])
+    code = main(
+        [
+            "compile",
+            "--model",
+            str(demo_model_dir),
+            "--out",
+            str(tmp_path / "e"),
+            "--backend",
+            "tensorrt",
+            "--max-context-length",
+            "64",
+            "--max-batch-size",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     expected = "needs an NVIDIA CUDA GPU" if not HAS_NVIDIA_GPU else "needs TensorRT"
@@ -32,9 +46,30 @@ def test_tensorrt_engine_matches_the_paged_engine(demo_model_dir, tmp_path):
     from inferfleet_runtime.compiled.gpu_check import compare_with_paged
 
     out = tmp_path / "trt"
-    assert main(["compile", "--model", str(demo_model_dir), "--out", str(out), "--backend", "tensorrt",
-                 "--max-context-length", "64", "--max-batch-size", "4", "--dtype", "float32",
-                 "--decode-buckets", "2,4", "--prefill-buckets", "16"]) == 0
+    assert (
+        main(
+            [
+                "compile",
+                "--model",
+                str(demo_model_dir),
+                "--out",
+                str(out),
+                "--backend",
+                "tensorrt",
+                "--max-context-length",
+                "64",
+                "--max-batch-size",
+                "4",
+                "--dtype",
+                "float32",
+                "--decode-buckets",
+                "2,4",
+                "--prefill-buckets",
+                "16",
+            ]
+        )
+        == 0
+    )
     compiled_tokens, paged_tokens = compare_with_paged(demo_model_dir, out, device="cuda")
     assert compiled_tokens == paged_tokens
 
@@ -58,8 +93,13 @@ def test_step_exports_to_onnx_that_computes_what_torch_does(demo_model_dir, tmp_
     generator = torch.Generator().manual_seed(0)
     kv_cache = torch.randn(c.num_layers, 2, 4, 64, c.num_kv_heads, c.head_dim, generator=generator)
     # Four decode rows at different positions and slots: row 3 is padding (its K/V are dropped by the runner).
-    inputs = (torch.tensor([[5], [17], [30], [0]]), torch.tensor([3, 10, 63, 0]), torch.ones(4, dtype=torch.int64),
-              torch.tensor([2, 0, 3, 0]), kv_cache)
+    inputs = (
+        torch.tensor([[5], [17], [30], [0]]),
+        torch.tensor([3, 10, 63, 0]),
+        torch.ones(4, dtype=torch.int64),
+        torch.tensor([2, 0, 3, 0]),
+        kv_cache,
+    )
     export_onnx(step, inputs, tmp_path / "step.onnx")
     session = onnxruntime.InferenceSession(str(tmp_path / "step.onnx"))
     logits, new_kv = session.run(None, {name: t.numpy() for name, t in zip(INPUT_NAMES, inputs)})

@@ -13,20 +13,43 @@ import pytest
 def test_kernels_compile_to_cubin_and_hsaco_including_bf16(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    cmd = [sys.executable, "-m", "inferfleet_runtime.kernels.compile_check", "--quick", "--head-dim", "80",
-           "--dtype", "bfloat16", "--target", "cuda:90", "--target", "hip:gfx942"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet_runtime.kernels.compile_check",
+        "--quick",
+        "--head-dim",
+        "80",
+        "--dtype",
+        "bfloat16",
+        "--target",
+        "cuda:90",
+        "--target",
+        "hip:gfx942",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     for target in ("cuda:90", "hip:gfx942"):
         compiled = {line.split()[-6] for line in lines if line.startswith(f"ok   {target} ")}
-        assert compiled == {"_rms_norm_kernel", "_silu_and_mul_kernel", "_rotary_kernel", "_write_kv_kernel",
-                            "_paged_attention_kernel", "_reduce_partitions_kernel"}, result.stdout
+        assert compiled == {
+            "_rms_norm_kernel",
+            "_silu_and_mul_kernel",
+            "_rotary_kernel",
+            "_write_kv_kernel",
+            "_paged_attention_kernel",
+            "_reduce_partitions_kernel",
+        }, result.stdout
 
 
 @pytest.mark.slow
 def test_refuses_to_run_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "inferfleet_runtime.kernels.compile_check"],
-                            capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "inferfleet_runtime.kernels.compile_check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 2 and "TRITON_INTERPRET is set" in result.stderr

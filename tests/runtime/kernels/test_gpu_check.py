@@ -21,7 +21,9 @@ def test_exits_with_a_clear_message_without_a_gpu(monkeypatch, capsys):
 def test_check_accepts_a_matching_kernel_and_rejects_a_wrong_one():
     x = torch.randn(4, 64)
     right = gpu_check.Case("silu", lambda: activation.silu_and_mul(x), lambda: activation.silu_and_mul_reference(x), 1)
-    wrong = gpu_check.Case("silu", lambda: activation.silu_and_mul(x) * 1.01, lambda: activation.silu_and_mul_reference(x), 1)
+    wrong = gpu_check.Case(
+        "silu", lambda: activation.silu_and_mul(x) * 1.01, lambda: activation.silu_and_mul_reference(x), 1
+    )
     assert gpu_check.check(right, torch.float32)[0]
     assert not gpu_check.check(wrong, torch.float32)[0]
 

@@ -48,7 +48,7 @@ def test_reads_key_and_value_views_with_token_stride():
     num_kv_heads, head_dim = 2, 64
     kv = torch.randn(5, 2 * num_kv_heads * head_dim)
     key = kv[:, : num_kv_heads * head_dim].view(5, num_kv_heads, head_dim)
-    value = kv[:, num_kv_heads * head_dim:].view(5, num_kv_heads, head_dim)
+    value = kv[:, num_kv_heads * head_dim :].view(5, num_kv_heads, head_dim)
     caches = [torch.zeros(2, 8, num_kv_heads, head_dim) for _ in range(2)]
     expected = [c.clone() for c in caches]
     slots = torch.tensor([15, 0, 7, 8, 3])

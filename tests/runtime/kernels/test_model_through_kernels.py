@@ -18,8 +18,11 @@ CONFIGS = {
 PROMPT_LENGTHS = [1, 3, 8, 13]
 NUM_NEW_TOKENS = 5
 KERNELS = [
-    activation._silu_and_mul_kernel, kv_cache._write_kv_kernel, paged_attention._paged_attention_kernel,
-    rms_norm._rms_norm_kernel, rotary._rotary_kernel,
+    activation._silu_and_mul_kernel,
+    kv_cache._write_kv_kernel,
+    paged_attention._paged_attention_kernel,
+    rms_norm._rms_norm_kernel,
+    rotary._rotary_kernel,
 ]
 
 

@@ -6,20 +6,22 @@ import torch
 
 from inferfleet_runtime.kernels import paged_attention as pa
 
-from .test_paged_attention import (VARLEN_BATCH, dense_causal_attention, gather_sequence, make_paged_batch,
-                                   varlen_query)
+from .test_paged_attention import VARLEN_BATCH, dense_causal_attention, gather_sequence, make_paged_batch, varlen_query
 
 
 def test_shared_layout_matches_reference_and_dense_attention_for_prefill_and_extend():
     block_size, num_heads, num_kv_heads, head_dim = 8, 4, 2, 16
     seq_lens = [s for s, _ in VARLEN_BATCH]
-    key_cache, value_cache, block_tables, lens = make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim,
-                                                                  torch.float32)
+    key_cache, value_cache, block_tables, lens = make_paged_batch(
+        seq_lens, block_size, num_kv_heads, head_dim, torch.float32
+    )
     query, query_start_loc, max_q = varlen_query(VARLEN_BATCH, num_heads, head_dim, torch.float32)
     layout = pa.reference_layout(block_tables, lens, block_size, query_start_loc, max(seq_lens))
     assert layout.num_keys == -(-max(seq_lens) // block_size) * block_size and layout.max_q == max_q
     kwargs = dict(query_start_loc=query_start_loc, max_query_len=max_q, max_seq_len=max(seq_lens))
-    shared = pa.paged_attention_reference(query, key_cache, value_cache, block_tables, lens, 0.3, layout=layout, **kwargs)
+    shared = pa.paged_attention_reference(
+        query, key_cache, value_cache, block_tables, lens, 0.3, layout=layout, **kwargs
+    )
     own = pa.paged_attention_reference(query, key_cache, value_cache, block_tables, lens, 0.3, **kwargs)
     assert torch.equal(shared, own)
     for b, (seq_len, _) in enumerate(VARLEN_BATCH):
@@ -32,8 +34,9 @@ def test_shared_layout_matches_reference_and_dense_attention_for_prefill_and_ext
 def test_decode_layout_skips_the_query_scatter_and_matches_dense_attention():
     block_size, num_heads, num_kv_heads, head_dim = 16, 4, 1, 8
     seq_lens = [1, 7, 16, 17, 33]
-    key_cache, value_cache, block_tables, lens = make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim,
-                                                                  torch.float32)
+    key_cache, value_cache, block_tables, lens = make_paged_batch(
+        seq_lens, block_size, num_kv_heads, head_dim, torch.float32
+    )
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3))
     layout = pa.reference_layout(block_tables, lens, block_size)
     assert layout.seq_of_token is None and layout.max_q == 1
@@ -43,4 +46,4 @@ def test_decode_layout_skips_the_query_scatter_and_matches_dense_attention():
     for b, seq_len in enumerate(seq_lens):
         k = gather_sequence(key_cache, block_tables[b], seq_len, block_size)
         v = gather_sequence(value_cache, block_tables[b], seq_len, block_size)
-        torch.testing.assert_close(out[b:b + 1], dense_causal_attention(query[b:b + 1], k, v, 0.5))
+        torch.testing.assert_close(out[b : b + 1], dense_causal_attention(query[b : b + 1], k, v, 0.5))

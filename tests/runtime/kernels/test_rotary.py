@@ -41,7 +41,7 @@ def test_matches_reference_on_views_into_fused_qkv(head_dim, heads, dtype, toler
     gen = torch.Generator().manual_seed(head_dim)
     qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
     query = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
-    key = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    key = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
     positions = torch.tensor([0, 1, 17, 40, MAX_POSITIONS - 1])
     cache = cos_sin_cache(head_dim)
     before = qkv.clone()

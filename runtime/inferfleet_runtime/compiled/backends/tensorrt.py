@@ -28,15 +28,18 @@ def _import_tensorrt():
     try:
         import tensorrt
     except ImportError:
-        raise BackendUnavailable("the tensorrt backend needs TensorRT (pip install 'inferfleet[tensorrt]'); "
-                                 "use --backend aotinductor on machines without it") from None
+        raise BackendUnavailable(
+            "the tensorrt backend needs TensorRT (pip install 'inferfleet[tensorrt]'); "
+            "use --backend aotinductor on machines without it"
+        ) from None
     return tensorrt
 
 
 def check_available(device: torch.device) -> None:
     if device.type != "cuda" or not torch.cuda.is_available() or getattr(torch.version, "hip", None):
-        raise BackendUnavailable("the tensorrt backend needs an NVIDIA CUDA GPU, and this machine has none; "
-                                 "use --backend aotinductor")
+        raise BackendUnavailable(
+            "the tensorrt backend needs an NVIDIA CUDA GPU, and this machine has none; use --backend aotinductor"
+        )
     _import_tensorrt()
 
 
@@ -62,8 +65,15 @@ def build(step: torch.nn.Module, example_inputs: tuple, path: Path) -> None:
 def export_onnx(step: torch.nn.Module, example_inputs: tuple, path: Path) -> None:
     """The step at the example inputs' shapes as ONNX (weights in a file beside it), the builder's input."""
     with torch.no_grad():
-        torch.onnx.export(step, example_inputs, str(path), input_names=list(INPUT_NAMES),
-                          output_names=list(OUTPUT_NAMES), dynamo=True, external_data=True)
+        torch.onnx.export(
+            step,
+            example_inputs,
+            str(path),
+            input_names=list(INPUT_NAMES),
+            output_names=list(OUTPUT_NAMES),
+            dynamo=True,
+            external_data=True,
+        )
 
 
 class _EngineCall:
@@ -72,11 +82,13 @@ class _EngineCall:
     def __init__(self, trt, engine, device: torch.device):
         self.trt, self.engine, self.device = trt, engine, device
         self.context = engine.create_execution_context()
-        self.output_specs = [(name, tuple(engine.get_tensor_shape(name)), _torch_dtype(trt, engine.get_tensor_dtype(name)))
-                             for name in OUTPUT_NAMES]
+        self.output_specs = [
+            (name, tuple(engine.get_tensor_shape(name)), _torch_dtype(trt, engine.get_tensor_dtype(name)))
+            for name in OUTPUT_NAMES
+        ]
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        keep = [t.contiguous() for t in inputs]   # held until the stream has consumed them
+        keep = [t.contiguous() for t in inputs]  # held until the stream has consumed them
         for name, tensor in zip(INPUT_NAMES, keep):
             self.context.set_tensor_address(name, tensor.data_ptr())
         outputs = [torch.empty(shape, dtype=dtype, device=self.device) for _, shape, dtype in self.output_specs]
@@ -99,6 +111,11 @@ def load(path: Path, device: torch.device):
 
 
 def _torch_dtype(trt, dtype) -> torch.dtype:
-    table = {trt.float32: torch.float32, trt.float16: torch.float16, trt.bfloat16: torch.bfloat16,
-             trt.int64: torch.int64, trt.int32: torch.int32}
+    table = {
+        trt.float32: torch.float32,
+        trt.float16: torch.float16,
+        trt.bfloat16: torch.bfloat16,
+        trt.int64: torch.int64,
+        trt.int32: torch.int32,
+    }
     return table[dtype]
