@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,13 +71,14 @@ class PlainClient:
             verify=credentials.ssl_context(),
             timeout=120,
             headers={"User-Agent": USER_AGENT},
-            limits=httpx.Limits(max_connections=concurrency),
+            limits=httpx.Limits(max_connections=concurrency + 2),  # + a watch and a read beside the writes
         )
         self.gate = asyncio.Semaphore(concurrency)
         self.num_requests = 0
 
-    async def request(self, method: str, path: str, **kwargs) -> httpx.Response:
-        async with self.gate:
+    async def request(self, method: str, path: str, gate: bool = True, **kwargs) -> httpx.Response:
+        """One request; with gate=False (reads while waiting) it does not take one of the `concurrency` slots."""
+        async with self.gate if gate else contextlib.nullcontext():
             self.num_requests += 1
             response = await self.http.request(method, path, **kwargs)
         if response.status_code >= 400 and response.status_code != 409:
@@ -105,15 +108,18 @@ class PlainClient:
         response = await self.request("GET", path, params={"labelSelector": selector, "resourceVersion": "0"})
         return response.json().get("items") or []
 
-    async def apiserver_requests(self) -> float:
-        """The API server's request count over every client (apiserver_request_total)."""
+    async def apiserver_requests(self) -> dict[str, float]:
+        """The API server's request count over every client (apiserver_request_total), "verb resource" -> count."""
         text = (await self.request("GET", "/metrics")).text
-        return sum(
-            s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == "apiserver_request_total"
-        )
+        counts: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "apiserver_request_total":
+                    key = (
+                        f"{sample.labels.get('verb')} {sample.labels.get('resource') or sample.labels.get('component')}"
+                    )
+                    counts[key] = counts.get(key, 0) + sample.value
+        return counts
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -140,11 +146,9 @@ async def num_nodes_not_ready(client: PlainClient) -> int:
     )
 
 
-async def wait_until(
-    client: PlainClient, predicate, what: str, total: int, timeout: float, started: float, check_nodes: bool = True
-) -> float:
-    """Polls the async predicate (-> number done) every second until it reaches total; seconds since
-    started. Every 5 s: a progress line, and a check that every bench node is still Ready."""
+async def wait_until(predicate, what: str, total: int, timeout: float, started: float) -> float:
+    """Polls the async predicate (-> number done) every second until it reaches total (for the nodes'
+    registration, before the timed runs); seconds since started, a progress line every 5 s."""
     last_report = 0.0
     while True:
         done = await predicate()
@@ -155,15 +159,86 @@ async def wait_until(
         if elapsed - last_report >= 5:
             log(f"{what}: {done}/{total} after {elapsed:.0f} s")
             last_report = elapsed
-            lost = await num_nodes_not_ready(client) if check_nodes else 0
-            if lost:
+        if elapsed > timeout:
+            raise TimeoutError(f"{what}: only {done}/{total} after {elapsed:.0f} s")
+        await asyncio.sleep(1.0)
+
+
+async def watch_until(
+    client: PlainClient, path: str, selector: str, is_done, wanted: set, what: str, timeout: float, started: float
+) -> float:
+    """Watches the objects at `path` until is_done(obj) holds for every (namespace, name) in `wanted`;
+    seconds since started, taken when the last one turned done. A watch, not a poll: the API server
+    encodes each change once, where a list every second re-encodes every object (at 500 services
+    that was a large part of the bench's own load on the control plane). Every 5 s a progress line;
+    every 30 s a check that every bench node is still Ready."""
+    done: set = set()
+    progress = {"report": 0.0, "check": 0.0}
+
+    def seen(event_type: str, obj: dict) -> None:
+        key = (obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        if key in wanted and event_type != "DELETED" and is_done(obj):
+            done.add(key)
+        else:
+            done.discard(key)
+
+    async def finished() -> float | None:
+        elapsed = time.monotonic() - started
+        if len(done) >= len(wanted):
+            log(f"{what}: {len(done)}/{len(wanted)} after {elapsed:.1f} s")
+            return elapsed
+        if elapsed > timeout:
+            raise TimeoutError(f"{what}: only {len(done)}/{len(wanted)} after {elapsed:.0f} s")
+        if elapsed - progress["report"] >= 5:
+            log(f"{what}: {len(done)}/{len(wanted)} after {elapsed:.0f} s")
+            progress["report"] = elapsed
+        if elapsed - progress["check"] >= 30:
+            progress["check"] = elapsed
+            if lost := await num_nodes_not_ready(client):
                 raise NodesLost(
                     f"{lost} KWOK node(s) went NotReady during the run (their lease "
                     "renewals were starved: the machine is overloaded); rerun smaller"
                 )
-        if elapsed > timeout:
-            raise TimeoutError(f"{what}: only {done}/{total} after {elapsed:.0f} s")
-        await asyncio.sleep(1.0)
+        return None
+
+    while True:  # a list, then a watch from its resourceVersion; again when the watch ends or expires
+        listed = (await client.request("GET", path, gate=False, params={"labelSelector": selector})).json()
+        for obj in listed.get("items") or []:
+            seen("ADDED", obj)
+        params = {
+            "labelSelector": selector,
+            "watch": "1",
+            "resourceVersion": listed["metadata"]["resourceVersion"],
+            "timeoutSeconds": "300",
+        }
+        client.num_requests += 1
+        # Lines go through a queue, so that waiting for one with a timeout never cancels the read.
+        lines: asyncio.Queue[str | None] = asyncio.Queue()
+        async with client.http.stream("GET", path, params=params, timeout=None) as response:
+
+            async def read(response=response, lines=lines) -> None:
+                async for line in response.aiter_lines():
+                    lines.put_nowait(line)
+                lines.put_nowait(None)
+
+            reader = asyncio.ensure_future(read())
+            try:
+                while (seconds := await finished()) is None:
+                    try:
+                        line = await asyncio.wait_for(lines.get(), 1.0)
+                    except TimeoutError:
+                        continue
+                    if line is None:
+                        break  # the server ended the watch: list and watch again
+                    event = json.loads(line) if line.strip() else {"type": "EMPTY"}
+                    if event["type"] == "ERROR":  # most likely 410 Gone: list again
+                        break
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        seen(event["type"], event["object"])
+                else:
+                    return seconds
+            finally:
+                reader.cancel()
 
 
 # ----------------------------------------------------------------------------- the two runs
@@ -173,26 +248,32 @@ async def _num_ready_nodes(client: PlainClient, total: int) -> int:
     return total - await num_nodes_not_ready(client)
 
 
-async def run_floor(client: PlainClient, children: list[list[dict]], timeout: float) -> dict:
+async def run_floor(client: PlainClient, children: list[list[dict]], timeout: float, pids: dict[str, int]) -> dict:
     selector = f"{MANAGED_BY_LABEL}={FLOOR_MANAGER}"
     deployments = [c for per in children for c in per if c["kind"] == "Deployment"]
     wanted = {(d["metadata"]["namespace"], d["metadata"]["name"]): d["spec"]["replicas"] for d in deployments}
 
-    async def num_ready() -> int:
-        live = await client.list("/apis/apps/v1/deployments", selector)
-        keys = ((d["metadata"]["namespace"], d["metadata"]["name"]) for d in live)
-        return sum(
-            1
-            for key, d in zip(keys, live)
-            if key in wanted and (d.get("status") or {}).get("readyReplicas", 0) == wanted[key]
-        )
+    def is_ready(d: dict) -> bool:
+        key = (d["metadata"]["namespace"], d["metadata"]["name"])
+        return (d.get("status") or {}).get("readyReplicas", 0) == wanted[key]
 
     before, own_before = await client.apiserver_requests(), client.num_requests
+    usage = Usage(pids)
     started = time.monotonic()
     # Per service in the planner's order (Deployments, Service, PDB), services side by side.
     await asyncio.gather(*(_apply_in_order(client, per) for per in children))
     log(f"floor: applied {sum(map(len, children))} objects in {time.monotonic() - started:.1f} s")
-    seconds = await wait_until(client, num_ready, "floor: Deployments ready", len(wanted), timeout, started)
+    seconds = await watch_until(
+        client,
+        "/apis/apps/v1/deployments",
+        selector,
+        is_ready,
+        set(wanted),
+        "floor: Deployments ready",
+        timeout,
+        started,
+    )
+    used = usage.done()
     own = client.num_requests - own_before + 1  # + the /metrics read below
     after = await client.apiserver_requests()
     return {
@@ -200,13 +281,64 @@ async def run_floor(client: PlainClient, children: list[list[dict]], timeout: fl
         "num_objects": sum(map(len, children)),
         "num_deployments": len(wanted),
         "num_pods": sum(wanted.values()),
-        "apiserver_requests_others": after - before - own,
+        "apiserver_requests_others": sum(after.values()) - sum(before.values()) - own,
+        "apiserver_top": top_requests(after, before, len(children)),
+        **used,
     }
 
 
 async def _apply_in_order(client: PlainClient, objects: list[dict]) -> None:
     for obj in objects:
         await client.apply(obj)
+
+
+class Usage:
+    """CPU seconds of each control-plane component, the operator and the bench over one timed run, and
+    the load average at its start and end: which process the run loaded."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = pids
+        self.before = self._sample()
+        self.load_before = os.getloadavg()[0]
+
+    def _sample(self) -> dict[str, float]:
+        out = {}
+        for name, pid in self.pids.items():
+            try:
+                out[name] = _cpu_seconds(pid)
+            except (OSError, IndexError):  # the process is gone
+                pass
+        return out
+
+    def done(self) -> dict:
+        after = self._sample()
+        return {
+            "cpu_by_process": {k: round(after[k] - self.before[k], 1) for k in after if k in self.before},
+            "load_average": [round(self.load_before, 2), round(os.getloadavg()[0], 2)],
+        }
+
+
+def _cluster_cpu(cpu_by_process: dict[str, float]) -> float:
+    return sum(v for k, v in cpu_by_process.items() if k != "bench") or float("nan")
+
+
+def cluster_pids(kubeconfig: Path) -> dict[str, int]:
+    """The pids up.sh recorded next to the kubeconfig (nothing for a cluster it did not start)."""
+    out = {}
+    for path in sorted((kubeconfig.parent / "run").glob("*.pid")):
+        try:
+            out[path.stem] = int(path.read_text().strip())
+        except ValueError:
+            pass
+    return out
+
+
+def top_requests(after: dict[str, float], before: dict[str, float], num: int) -> dict[str, float]:
+    """Per service, the ten largest "verb resource" counts of the API server between two reads (every
+    client, the bench's own polls included)."""
+    delta = {k: v - before.get(k, 0) for k, v in after.items()}
+    top = sorted(((k, v) for k, v in delta.items() if v > 0), key=lambda kv: -kv[1])[:10]
+    return {k: round(v / num, 2) for k, v in top}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -234,12 +366,15 @@ async def wait_idle(pid: int, timeout: float = 120) -> None:
     log(f"operator still busy after {timeout:.0f} s of start-up; starting anyway")
 
 
-async def run_operator(client: PlainClient, operator: OperatorProcess, services: list[dict], timeout: float) -> dict:
+async def run_operator(
+    client: PlainClient,
+    operator: OperatorProcess,
+    services: list[dict],
+    timeout: float,
+    pids: dict[str, int],
+    profile: Path | None = None,
+) -> dict:
     wanted = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in services}
-
-    async def num_ready() -> int:
-        live = await client.list("/apis/inferfleet.dev/v1alpha1/inferenceservices", f"{BENCH_LABEL}=true")
-        return sum(1 for s in live if (s["metadata"]["namespace"], s["metadata"]["name"]) in wanted and _is_ready(s))
 
     operator.start(timeout=120)
     await wait_idle(operator.process.pid)
@@ -249,10 +384,24 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
     writes_before = operator.num_writes()
     before, own_before = await client.apiserver_requests(), client.num_requests
     cpu_before = _cpu_seconds(operator.process.pid)
+    usage = Usage({**pids, "operator": operator.process.pid})
+    profiler = _start_py_spy(operator.process.pid, profile) if profile else None
     started = time.monotonic()
     await create_all(client, services)
     log(f"operator: created {len(services)} InferenceServices in {time.monotonic() - started:.1f} s")
-    seconds = await wait_until(client, num_ready, "operator: InferenceServices Ready", len(wanted), timeout, started)
+    seconds = await watch_until(
+        client,
+        "/apis/inferfleet.dev/v1alpha1/inferenceservices",
+        f"{BENCH_LABEL}=true",
+        _is_ready,
+        wanted,
+        "operator: InferenceServices Ready",
+        timeout,
+        started,
+    )
+    used = usage.done()
+    if profiler is not None:
+        _stop_py_spy(profiler, profile)
     own = client.num_requests - own_before + 1
     after = await client.apiserver_requests()
     memory = _memory_kib(operator.process.pid)
@@ -261,7 +410,9 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
         "cpu_seconds": _cpu_seconds(operator.process.pid) - cpu_before,
         "operator_requests": operator.metric("inferfleet_operator_api_requests_total") - requests_before,
         "operator_writes": operator.num_writes() - writes_before,
-        "apiserver_requests_others": after - before - own,
+        "apiserver_requests_others": sum(after.values()) - sum(before.values()) - own,
+        "apiserver_top": top_requests(after, before, len(services)),
+        **used,
         "peak_rss_mb": memory["VmHWM"] / 1024,
         "rss_mb": memory["VmRSS"] / 1024,
         "idle_rss_mb": idle_memory["VmRSS"] / 1024,
@@ -279,6 +430,21 @@ async def run_operator(client: PlainClient, operator: OperatorProcess, services:
         )
     result["num_objects"] = children
     return result
+
+
+def _start_py_spy(pid: int, out: Path) -> subprocess.Popen:
+    """Samples the operator's Python stacks (py-spy, when installed) until _stop_py_spy."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        raise SystemExit("--profile-operator needs py-spy on PATH (pip install py-spy)")
+    command = [py_spy, "record", "--pid", str(pid), "--rate", "50", "--format", "raw", "--output", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_py_spy(profiler: subprocess.Popen, out: Path) -> None:
+    profiler.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
+    profiler.wait(timeout=60)
+    log(f"operator profile (py-spy, collapsed stacks): {out}")
 
 
 def _requests_by_verb_kind(metrics_text: str, before: dict[str, float]) -> dict[str, float]:
@@ -329,15 +495,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
         log(f"Registering {len(nodes)} KWOK nodes")
         await create_all(client, nodes)
         started = time.monotonic()
-        await wait_until(
-            client,
-            lambda: _num_ready_nodes(client, len(nodes)),
-            "KWOK nodes Ready",
-            len(nodes),
-            900,
-            started,
-            check_nodes=False,
-        )
+        await wait_until(lambda: _num_ready_nodes(client, len(nodes)), "KWOK nodes Ready", len(nodes), 900, started)
         log("Installing CRDs, runtimes and the operator's ServiceAccount")
         # The CRDs first, waited for here: `kubectl wait` in install() fails outright when a CRD
         # has no status yet ("status.conditions accessor error"), a race right after creating it.
@@ -373,11 +531,12 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
         }
 
         log(f"Floor: applying the planner's children of {len(services)} services directly")
-        floor = await run_floor(client, children, args.timeout)
+        pids = {**cluster_pids(cluster.kubeconfig), "bench": os.getpid()}
+        floor = await run_floor(client, children, args.timeout, pids)
         log(f"Operator: creating {len(services)} InferenceServices with the operator running")
         operator = OperatorProcess(operator_kubeconfig, work / "operator.log", args=[])
         try:
-            op = await run_operator(client, operator, services, args.timeout)
+            op = await run_operator(client, operator, services, args.timeout, pids, args.profile_operator)
         except BaseException:
             log(f"Operator log tail ({work / 'operator.log'}):\n{operator.log_tail(30)}")
             raise
@@ -403,6 +562,15 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
             "apiserver_requests_per_service_operator_run": round(op["apiserver_requests_others"] / num, 1),
             "apiserver_requests_per_service_floor_run": round(floor["apiserver_requests_others"] / num, 1),
             "operator_cpu_seconds": round(op["cpu_seconds"], 1),
+            # CPU of the control plane (+ the operator) over the two runs: the work each run made,
+            # which the load of other processes on the machine moves far less than the times.
+            "cpu_ratio": round(_cluster_cpu(op["cpu_by_process"]) / _cluster_cpu(floor["cpu_by_process"]), 2),
+            "cpu_seconds_floor_run": floor["cpu_by_process"],
+            "cpu_seconds_operator_run": op["cpu_by_process"],
+            "load_average_floor_run": floor["load_average"],
+            "load_average_operator_run": op["load_average"],
+            "apiserver_top_requests_per_service_floor_run": floor["apiserver_top"],
+            "apiserver_top_requests_per_service_operator_run": op["apiserver_top"],
             "operator_peak_rss_mb": round(op["peak_rss_mb"], 1),
             "operator_rss_mb": round(op["rss_mb"], 1),
             "operator_idle_rss_mb": round(op["idle_rss_mb"], 1),
@@ -433,6 +601,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the bench's own cluster up")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--profile-operator",
+        type=Path,
+        metavar="PATH",
+        help="sample the operator's stacks with py-spy during its timed run, collapsed stacks to PATH",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.services < 1:
         parser.error("--nodes and --services must be at least 1")

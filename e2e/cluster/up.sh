@@ -149,12 +149,21 @@ start kube-apiserver "$bin/kube-apiserver" \
   --endpoint-reconciler-type none --profiling=false
 wait_until 60 kube-apiserver "${kubectl[@]}" get --raw /readyz
 
+# Node heartbeats are the fleet simulator's standing load: kwok renews each node's Lease every quarter
+# of its duration, and a node whose Lease is older than the node lifecycle controller's grace period
+# turns NotReady for good (kwok does not make its pods Ready again). At the 40 s Leases of kubelet's
+# default, 1,000 nodes cost 100 Lease writes a second, more than two cores keep up with next to the
+# workload under test (the scale benchmark's nodes starved). A 1,200 s Lease is renewed every 300 s
+# (3.3 writes a second at 1,000 nodes) and the grace period of an hour leaves twelve renewals of slack.
+lease_seconds=1200
+node_grace_seconds=3600
 start kube-controller-manager "$bin/kube-controller-manager" \
   --kubeconfig "$state/controller-manager.kubeconfig" --secure-port 0 --leader-elect=false \
   --controllers '*' --use-service-account-credentials=true \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-  --allocate-node-cidrs=false --kube-api-qps 100 --kube-api-burst 200 --profiling=false
+  --allocate-node-cidrs=false --kube-api-qps 100 --kube-api-burst 200 --profiling=false \
+  --node-monitor-grace-period "${node_grace_seconds}s"
 start kube-scheduler "$bin/kube-scheduler" \
   --kubeconfig "$state/scheduler.kubeconfig" --secure-port 0 --leader-elect=false --profiling=false
 # kwok's own node and pod stages, read from its module in the Go module cache, plus ours.
@@ -170,7 +179,7 @@ done
 # node lifecycle controller sees live nodes; pod IPs come from a /16 so fleets of pods fit.
 start kwok "$bin/kwok" --kubeconfig "$state/kwok.kubeconfig" "${stage_args[@]}" \
   --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-  --node-lease-duration-seconds 40 --cidr 10.244.0.0/16 \
+  --node-lease-duration-seconds "$lease_seconds" --cidr 10.244.0.0/16 \
   --server-address "127.0.0.1:$kwok_port" --node-ip 127.0.0.1
 wait_until 60 "the default ServiceAccount (kube-controller-manager)" "${kubectl[@]}" get serviceaccount default -n default
 

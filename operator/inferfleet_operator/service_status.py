@@ -104,9 +104,11 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
     """Events for pools whose serving changed and for conditions that flipped, against the previous status.
 
     One Event per reason, not per pool: pools that changed to the same reason share one Event naming each
-    of them, newly excluded pools share one PoolExcluded Event, and conditions that flipped the good way
-    share one Normal Event (a bad flip keeps its own Warning). A first rollout over five pools posts two
-    Events, its readiness one more, and a resync with nothing changed none."""
+    of them, newly excluded pools are named in the first Normal one (their own PoolExcluded Event when
+    no pool changed the good way), and conditions that flipped the good way share one Normal Event (a
+    bad flip keeps its own Warning). A first rollout whose pools share one reason posts one Event, its
+    readiness one more, and a resync with nothing changed none: each Event is a write the API server
+    stores, and a fleet of services rolling out at once makes thousands of them."""
     events = []
     before = {p.get("name"): p for p in previous.get("pools") or []}
     changed: dict[str, list[str]] = {}
@@ -128,9 +130,12 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
         f"{x['name']} ({x['reason']})" for x in status["excludedPools"] if old_excluded.get(x["name"]) != x["reason"]
     ]
     if excluded:
-        events.append(
-            c.normal("PoolExcluded", f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}")
-        )
+        text = f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}"
+        first = next((i for i, e in enumerate(events) if e.type == "Normal"), None)
+        if first is None:
+            events.append(c.normal("PoolExcluded", text))
+        else:
+            events[first] = c.normal(events[first].reason, f"{events[first].message}. {text}")
     old_conditions = c.by_type(previous.get("conditions"))
     good = []
     for cond in status["conditions"]:

@@ -154,3 +154,14 @@ def test_the_inference_pool_crd_is_watched_only_when_inference_pools_are_on():
 
     assert "customresourcedefinitions" in watched([])
     assert "customresourcedefinitions" not in watched(["--inference-pools=disabled"])
+
+
+def test_no_handler_needs_kopfs_diff_base_so_none_is_built():
+    # NoDiffBase skips kopf's per-event copy of each object; only on.create/update/field handlers read it.
+    registry = kopf.OperatorRegistry()
+    register(registry, parse_args([], default_instance="x"), Metrics())
+    assert not registry._changing.get_all_handlers()
+    settings = kopf.OperatorSettings()
+    apply_settings(settings, parse_args([], default_instance="x"))
+    body = kopf.Body({"metadata": {"name": "s", "labels": {"a": "b"}}, "spec": {"replicas": 1}})
+    assert settings.persistence.diffbase_storage.build(body=body) == {}

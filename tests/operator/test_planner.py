@@ -302,3 +302,14 @@ def test_events_name_each_changed_pool_once_per_reason_and_readiness_in_one_even
     ready = plan(service(runtime={"policy": "Paged"}, status=first.status), deployments=ready_deps)
     assert [(e.type, e.reason) for e in ready.events] == [("Normal", "AllPoolsReady")]
     assert "Ready is True" in ready.events[0].message and "RolledOut is True" in ready.events[0].message
+
+
+def test_a_first_rollout_names_the_excluded_pools_in_its_one_event():
+    first = plan(service(runtime={"policy": "Paged"}, placement={"vendors": ["nvidia"]}))
+    assert first.status["excludedPools"]
+    assert [(e.type, e.reason) for e in first.events] == [("Normal", "ServingPaged")]
+    assert all(x["name"] in first.events[0].message for x in first.status["excludedPools"])
+    # Pools excluded later, with no pool changing, still get an Event of their own.
+    previous = {**first.status, "excludedPools": []}
+    again = plan(service(runtime={"policy": "Paged"}, placement={"vendors": ["nvidia"]}, status=previous))
+    assert [e.reason for e in again.events] == ["PoolExcluded"]
