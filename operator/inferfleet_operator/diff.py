@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-APPLIED_HASH_ANNOTATION = "inferfleet.dev/applied-hash"
+from .names import APPLIED_HASH_ANNOTATION
 
 # --- deciding whether an apply would change anything (so that a no-op resync writes nothing) ---
 

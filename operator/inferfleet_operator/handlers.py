@@ -10,27 +10,35 @@ from typing import Any
 import httpx
 import kopf
 
-from . import builds, findings, reconcile, routing
+from . import findings, reconcile
 from .credentials import Credentials, CredentialsError
 from .diff import strip_object
 from .kube import Kube
 from .metrics import Metrics
-from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, Context
+from .names import (
+    BUILD_KIND,
+    BUILD_LABEL,
+    CHILD_KINDS,
+    GROUP,
+    KINDS,
+    KOPF_FINALIZER,
+    MANAGED_SELECTOR,
+    MANAGER,
+    POOL_CRD,
+    RUNTIME_KIND,
+    SERVICE_KIND,
+    SERVICE_LABEL,
+)
+from .reconcile import Context
 from .settings import OperatorConfig
 from .workqueue import WorkQueue
 
-GROUP_VERSION = "inferfleet.dev/v1alpha1"
-SERVICE_KIND, BUILD_KIND = "InferenceService", "EngineBuild"
-
-# Server-side label selectors: the operator only ever sees its own children, Jobs and Job pods.
-MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-CHILD_RESOURCES = {
-    "Deployment": ("apps/v1", "deployments"),
-    "Service": ("v1", "services"),
-    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
-}
-
 logger = logging.getLogger("inferfleet_operator")
+
+
+def _resource(kind: str) -> tuple[str, str]:
+    """(apiVersion, plural): how kopf names the resource of `kind`."""
+    return KINDS[kind].api_version, KINDS[kind].plural
 
 
 def node_view(body: Mapping[str, Any]) -> dict:
@@ -62,7 +70,7 @@ def _plain(body: kopf.Body) -> dict:
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     """Every kopf setting of the operator, in one place (called by the startup handler)."""
     settings.posting.level = logging.WARNING  # kopf posts only its own warnings and errors
-    settings.posting.reporting_component = "inferfleet-operator"
+    settings.posting.reporting_component = MANAGER
     settings.posting.reporting_instance = config.instance
     settings.peering.standalone = config.peering is None
     if config.peering:
@@ -76,19 +84,20 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
             if config.peering_priority is not None
             else random.SystemRandom().randint(1, 1_000_000)
         )
-    for group_version, plural in CHILD_RESOURCES.values():
-        settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
-    settings.watching.label_selectors["batch/v1", "jobs"] = builds.BUILD_LABEL
+    # Server-side label selectors: the operator only ever sees its own children, Jobs and Job pods.
+    for kind in CHILD_KINDS:
+        settings.watching.label_selectors[_resource(kind)] = MANAGED_SELECTOR
+    settings.watching.label_selectors[_resource("Job")] = BUILD_LABEL
     # One pod watch for compile and serving pods: both carry the managed-by label.
-    settings.watching.label_selectors["v1", "pods"] = MANAGED_SELECTOR
+    settings.watching.label_selectors[_resource("Pod")] = MANAGED_SELECTOR
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.reconnect_backoff = 1.0
     # kopf bookkeeping lives in annotations under our own prefix; status stays ours alone.
-    settings.persistence.finalizer = "inferfleet.dev/kopf-finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inferfleet.dev")
+    settings.persistence.finalizer = KOPF_FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="inferfleet.dev", key="last-handled-configuration"
+        prefix=GROUP, key="last-handled-configuration"
     )
     settings.queueing.idle_timeout = 30.0  # per-object kopf workers linger; ours do the work
     settings.networking.error_backoffs = config.error_delays
@@ -155,24 +164,24 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
 
     # ------------------------------------------------------------------ indexes
 
-    @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICES, **on)
+    @kopf.index(*_resource(SERVICE_KIND), id=reconcile.SERVICES, **on)
     async def service_index(namespace: str, name: str, body: kopf.Body, **_: Any):
         return {(namespace, name): _plain(body)}
 
-    @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICE_REFS, **on)
+    @kopf.index(*_resource(SERVICE_KIND), id=reconcile.SERVICE_REFS, **on)
     async def service_refs_index(namespace: str, name: str, status: kopf.Status, **_: Any):
         refs = {p.get(field) for p in status.get("pools", []) or [] for field in ("engineBuild", "servingEngineBuild")}
         return {(namespace, ref): name for ref in refs if ref}
 
-    @kopf.index(GROUP_VERSION, "inferenceruntimes", id=reconcile.RUNTIMES, **on)
+    @kopf.index(*_resource(RUNTIME_KIND), id=reconcile.RUNTIMES, **on)
     async def runtime_index(name: str, body: kopf.Body, **_: Any):
         return {name: _plain(body)}
 
-    @kopf.index(GROUP_VERSION, "enginebuilds", id=reconcile.BUILDS, **on)
+    @kopf.index(*_resource(BUILD_KIND), id=reconcile.BUILDS, **on)
     async def build_index(namespace: str, body: kopf.Body, **_: Any):
         return {namespace: _plain(body)}
 
-    @kopf.index("v1", "nodes", id=reconcile.NODES, **on)
+    @kopf.index(*_resource("Node"), id=reconcile.NODES, **on)
     async def node_index(name: str, body: kopf.Body, **_: Any):
         return {name: node_view(body)}
 
@@ -181,37 +190,33 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         async def child_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
             return {(namespace, labels[SERVICE_LABEL]): _plain(body)}
 
-    for kind, (group_version, plural) in CHILD_RESOURCES.items():
-        _child_index(reconcile.CHILD_INDEXES[kind], group_version, plural)
+    for kind in CHILD_KINDS:
+        _child_index(reconcile.CHILD_INDEXES[kind], *_resource(kind))
 
-    build_labelled = {builds.BUILD_LABEL: kopf.PRESENT}
+    build_labelled = {BUILD_LABEL: kopf.PRESENT}
 
-    @kopf.index("batch/v1", "jobs", id=reconcile.JOBS, labels=build_labelled, **on)
+    @kopf.index(*_resource("Job"), id=reconcile.JOBS, labels=build_labelled, **on)
     async def job_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
-        return {(namespace, labels[builds.BUILD_LABEL]): _plain(body)}
+        return {(namespace, labels[BUILD_LABEL]): _plain(body)}
 
-    @kopf.index("v1", "pods", id=reconcile.PODS, labels=build_labelled, **on)
+    @kopf.index(*_resource("Pod"), id=reconcile.PODS, labels=build_labelled, **on)
     async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
         pod = _plain(body)
-        return {
-            (namespace, labels[builds.BUILD_LABEL]): {
-                k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")
-            }
-        }
+        return {(namespace, labels[BUILD_LABEL]): {k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")}}
 
     service_labelled = {SERVICE_LABEL: kopf.PRESENT}
 
-    @kopf.index("v1", "pods", id=reconcile.SERVICE_PODS, labels=service_labelled, **on)
+    @kopf.index(*_resource("Pod"), id=reconcile.SERVICE_PODS, labels=service_labelled, **on)
     async def service_pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
         return {(namespace, labels[SERVICE_LABEL]): findings.pod_view(body)}
 
-    @kopf.index("v1", "persistentvolumeclaims", id=reconcile.CLAIMS, **on)
+    @kopf.index(*_resource("PersistentVolumeClaim"), id=reconcile.CLAIMS, **on)
     async def claim_index(namespace: str, name: str, **_: Any):
         return {namespace: name}
 
     # ------------------------------------------------------------------ triggers
 
-    @kopf.on.event(GROUP_VERSION, "inferenceservices", **on)
+    @kopf.on.event(*_resource(SERVICE_KIND), **on)
     async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         memo.ctx.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
         if type == "DELETED":
@@ -224,7 +229,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         else:
             memo.queue.enqueue((SERVICE_KIND, namespace, name))
 
-    @kopf.on.event(GROUP_VERSION, "enginebuilds", **on)
+    @kopf.on.event(*_resource(BUILD_KIND), **on)
     async def build_event(
         type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, service_refs_index: kopf.Index, **_: Any
     ) -> None:
@@ -248,21 +253,21 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
                 fast=kind == "Deployment" and _readiness_changed(memo, type, body),
             )
 
-    for kind, (group_version, plural) in CHILD_RESOURCES.items():
-        _child_event(kind, group_version, plural)
+    for kind in CHILD_KINDS:
+        _child_event(kind, *_resource(kind))
 
-    @kopf.on.event("batch/v1", "jobs", labels=build_labelled, **on)
+    @kopf.on.event(*_resource("Job"), labels=build_labelled, **on)
     async def job_event(
         type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
     ) -> None:
         memo.ctx.observed("Job", body, is_deleted=type == "DELETED")
-        memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
+        memo.queue.enqueue((BUILD_KIND, namespace, labels[BUILD_LABEL]))
 
-    @kopf.on.event("v1", "pods", labels=build_labelled, **on)
+    @kopf.on.event(*_resource("Pod"), labels=build_labelled, **on)
     async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-        memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
+        memo.queue.enqueue((BUILD_KIND, namespace, labels[BUILD_LABEL]))
 
-    @kopf.on.event("v1", "pods", id="service_pod_event", labels=service_labelled, **on)
+    @kopf.on.event(*_resource("Pod"), id="service_pod_event", labels=service_labelled, **on)
     async def service_pod_event(
         type: str, namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
     ) -> None:
@@ -276,7 +281,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             memo.pod_findings.pop((namespace, name), None)
         memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
 
-    @kopf.on.event("v1", "persistentvolumeclaims", **on)
+    @kopf.on.event(*_resource("PersistentVolumeClaim"), **on)
     async def claim_event(
         type: str | None, namespace: str, memo: kopf.Memo, service_index: kopf.Index, build_index: kopf.Index, **_: Any
     ) -> None:
@@ -288,7 +293,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         for build in build_index.get(namespace, ()):
             memo.queue.enqueue((BUILD_KIND, namespace, build["metadata"]["name"]))
 
-    @kopf.on.event("v1", "nodes", **on)
+    @kopf.on.event(*_resource("Node"), **on)
     async def node_event(
         type: str, name: str, body: kopf.Body, memo: kopf.Memo, service_index: kopf.Index, **_: Any
     ) -> None:
@@ -303,7 +308,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
         memo.ctx.cluster_changed()
         _enqueue_all_services(memo, service_index)
 
-    @kopf.on.event(GROUP_VERSION, "inferenceruntimes", **on)
+    @kopf.on.event(*_resource(RUNTIME_KIND), **on)
     async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
         memo.ctx.cluster_changed()
         _enqueue_all_services(memo, service_index)
@@ -314,7 +319,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             "apiextensions.k8s.io",
             "v1",
             "customresourcedefinitions",
-            when=lambda name, **_: name == routing.POOL_CRD,
+            when=lambda name, **_: name == POOL_CRD,
             **on,
         )
         async def pool_crd_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
@@ -322,11 +327,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: M
             _enqueue_all_services(memo, service_index)
 
     # Level-triggered safety net: every object is reconciled at least every resync interval.
-    @kopf.timer(GROUP_VERSION, "inferenceservices", interval=config.resync_seconds, id="service_resync", **on)
+    @kopf.timer(*_resource(SERVICE_KIND), interval=config.resync_seconds, id="service_resync", **on)
     async def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((SERVICE_KIND, namespace, name), 0.0)
 
-    @kopf.timer(GROUP_VERSION, "enginebuilds", interval=config.resync_seconds, id="build_resync", **on)
+    @kopf.timer(*_resource(BUILD_KIND), interval=config.resync_seconds, id="build_resync", **on)
     async def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
 

@@ -8,7 +8,6 @@ from datetime import datetime
 from . import conditions as c
 from . import manifests as m
 from .api import (
-    API_VERSION,
     DEFAULT_SETTINGS,
     BuildPlacement,
     EngineBuildSpec,
@@ -23,12 +22,13 @@ from .api import (
 from .choice import Excluded, PoolChoice, choose_runtimes, placement_tier, restrict_pool
 from .conditions import PlannedEvent
 from .engine_key import engine_key
-from .manifests import ENGINE_KEY_ANNOTATION, PoolServing
+from .manifests import PoolServing
+from .names import API_VERSION, ENGINE_KEY_ANNOTATION, REF_LABEL_PREFIX, SERVICE_KIND
 from .pools import Pool, group_pools
 from .replicas import distribute, pool_capacity
 from .service_status import build_status, pool_events
 
-__all__ = ["ENGINE_KEY_ANNOTATION", "ClusterView", "ServicePlan", "cluster_view", "plan_service", "plan_service_in"]
+__all__ = ["ClusterView", "ServicePlan", "cluster_view", "plan_service", "plan_service_in"]
 
 
 @dataclass
@@ -197,7 +197,7 @@ def _build_spec(
     if existing is not None and (existing.get("spec") or {}).get("engineKey") == key:
         stored = dict(existing["spec"])
         labels = (existing.get("metadata") or {}).get("labels") or {}
-        others = [k for k in labels if k.startswith(m.REF_LABEL_PREFIX) and k != m.ref_label(service.meta.name)]
+        others = [k for k in labels if k.startswith(REF_LABEL_PREFIX) and k != m.ref_label(service.meta.name)]
         return stored if others else stored | _build_settings(service.spec)
     gpu_resource = runtime.spec.gpu_resource or pool.gpu_resource
     # Every eligible node of the vendor and architecture that advertises the resource: the same answer for
@@ -318,7 +318,7 @@ def plan_service_in(
         spec.replicas, capacities, overrides, {ch.pool.name: placement_tier(ch) for ch in choices}
     )
 
-    owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
+    owner = m.owner_reference(API_VERSION, SERVICE_KIND, service.meta.name, service.meta.uid)
     wanted_builds: dict[str, EngineBuildSpec | dict] = {}
     entries, children = [], []
     for choice in choices:
@@ -347,9 +347,9 @@ def plan_service_in(
     engine_builds = []
     for key in sorted(wanted_builds):
         refs = [
-            k.removeprefix(m.REF_LABEL_PREFIX)
+            k.removeprefix(REF_LABEL_PREFIX)
             for k in ((builds.get(key) or {}).get("metadata") or {}).get("labels", {})
-            if k.startswith(m.REF_LABEL_PREFIX)
+            if k.startswith(REF_LABEL_PREFIX)
         ]
         engine_builds.append(m.engine_build_for(service.meta.namespace, wanted_builds[key], refs + [service.meta.name]))
 

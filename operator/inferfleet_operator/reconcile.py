@@ -14,15 +14,10 @@ from . import conditions as c
 from .conditions import warning
 from .diff import is_subset, needs_apply, strip_object, with_applied_hash
 from .kube import ApiError, Kube
-from .manifests import POOL_LABEL
 from .metrics import Metrics
+from .names import API_VERSION, BUILD_KIND, KINDS, POOL_LABEL, SERVICE_KIND, UNREFERENCED_ANNOTATION
 from .service_status import pool_events
 from .settings import OperatorConfig
-
-SERVICE_LABEL = "inferfleet.dev/service"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "inferfleet-operator"
-UNREFERENCED_ANNOTATION = "inferfleet.dev/unreferenced-since"
 
 # Index ids (kopf passes each index to handlers under this keyword) and what they are keyed by.
 SERVICES = "service_index"  # (namespace, name) -> InferenceService
@@ -39,7 +34,6 @@ SERVICE_PODS = "service_pod_index"  # (namespace, service) -> serving Pod (findi
 CLAIMS = "claim_index"  # namespace -> PersistentVolumeClaim name
 
 CHILD_INDEXES = {"Deployment": DEPLOYMENTS, "Service": SERVICE_OBJECTS, "PodDisruptionBudget": PDBS}
-CHILD_API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "PodDisruptionBudget": "policy/v1"}
 
 logger = logging.getLogger("inferfleet_operator")
 
@@ -162,7 +156,7 @@ class Context:
 async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | None:
     """Makes one InferenceService's builds, children and status match its plan."""
     indexed = next(iter(ctx.values(SERVICES, (namespace, name))), None)
-    service = ctx.fresher("InferenceService", indexed, namespace, name)
+    service = ctx.fresher(SERVICE_KIND, indexed, namespace, name)
     if service is None or service["metadata"].get("deletionTimestamp"):
         ctx.scaling.pop((namespace, name), None)  # its autoscaling history goes with it
         return None  # children go with their owner (ownerReferences); builds by reference GC
@@ -186,7 +180,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         await ctx.post_events(service, [warning("InvalidSpec", str(error))], "Plan")
         return None
 
-    owner = ("InferenceService", namespace, name)
+    owner = (SERVICE_KIND, namespace, name)
     planned = {(d["kind"], d["metadata"]["name"]) for d in plan.engine_builds + plan.children}
     # A refusal of an object the plan no longer has (the user changed the spec) is over.
     refused = {k: v for k, v in ctx.refused.get(owner, {}).items() if k[:2] in planned}
@@ -215,7 +209,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     for desired in plan.engine_builds:
         build_name = desired["metadata"]["name"]
         num_changes += await apply_child(
-            desired, ctx.fresher("EngineBuild", live_builds.get(build_name), namespace, build_name)
+            desired, ctx.fresher(BUILD_KIND, live_builds.get(build_name), namespace, build_name)
         )
 
     # Status next, before the children: it is computed from what was read, not from what the
@@ -245,7 +239,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             meta = child["metadata"]
             if meta["name"] in desired_names[kind] or meta.get("deletionTimestamp"):
                 continue
-            if await ctx.kube.delete(CHILD_API_VERSIONS[kind], kind, namespace, meta["name"], uid=meta.get("uid")):
+            if await ctx.kube.delete(KINDS[kind].api_version, kind, namespace, meta["name"], uid=meta.get("uid")):
                 logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
                 num_changes += 1
 
@@ -254,7 +248,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             ctx.refused[owner] = refused
         else:
             ctx.refused.pop(owner, None)
-        written = ctx.fresher("InferenceService", indexed, namespace, name) or service
+        written = ctx.fresher(SERVICE_KIND, indexed, namespace, name) or service
         status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
         if not _same(status, written.get("status") or {}):
             ctx.remember(await ctx.kube.apply_status(service, status))
@@ -328,12 +322,12 @@ def _find(objects: Iterable[dict], name: str) -> dict | None:
 async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | None:
     """Drives one EngineBuild: a Job per attempt, its status, and deletion once unreferenced."""
     indexed = _find(_builds(ctx, namespace), name)
-    build = ctx.fresher("EngineBuild", indexed, namespace, name)
+    build = ctx.fresher(BUILD_KIND, indexed, namespace, name)
     if build is None or build["metadata"].get("deletionTimestamp"):
         return None
     now = ctx.clock()
     jobs = ctx.values(JOBS, (namespace, name))
-    owner = ("EngineBuild", namespace, name)
+    owner = (BUILD_KIND, namespace, name)
     refused = ctx.refused.get(owner, {}).get(("Job", "", ""))
 
     def plan_with(apply_error: str | None) -> builds.BuildPlan:
@@ -382,7 +376,7 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
     services = [s for s in ctx.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
     gc = builds.plan_gc(build, services, now, ctx.plan_settings)
     if gc.delete:
-        if await ctx.kube.delete(api.API_VERSION, "EngineBuild", namespace, name, uid=build["metadata"].get("uid")):
+        if await ctx.kube.delete(API_VERSION, BUILD_KIND, namespace, name, uid=build["metadata"].get("uid")):
             logger.info(
                 "Deleted EngineBuild %s/%s (unreferenced for longer than %ss)",
                 namespace,

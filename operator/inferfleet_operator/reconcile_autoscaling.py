@@ -11,7 +11,8 @@ from . import api, autoscaling
 from .autoscaling import PoolLoad
 from .conditions import PlannedEvent, normal
 from .diff import parse_quantity
-from .manifests import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL, deployment_name
+from .manifests import deployment_name
+from .names import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL
 from .scrape import scrape_pods
 
 DEPLOYMENTS = "deployment_index"  # reconcile.DEPLOYMENTS (reconcile imports this module, not the reverse)

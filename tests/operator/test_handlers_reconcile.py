@@ -9,7 +9,7 @@ import re
 
 import httpx
 
-from inferfleet_operator import builds, reconcile
+from inferfleet_operator import names, reconcile
 from inferfleet_operator.kube import Kube
 from inferfleet_operator.metrics import Metrics
 from inferfleet_operator.settings import OperatorConfig
@@ -227,13 +227,13 @@ class World:
         index[reconcile.RUNTIMES] = {r["metadata"]["name"]: [r] for r in RUNTIMES}
         for (kind, ns, name), obj in self.api.objects.items():
             obj = copy.deepcopy(obj)
-            service = obj["metadata"].get("labels", {}).get(reconcile.SERVICE_LABEL)
+            service = obj["metadata"].get("labels", {}).get(names.SERVICE_LABEL)
             if kind == "InferenceService":
                 index[reconcile.SERVICES].setdefault((ns, name), []).append(obj)
             elif kind == "EngineBuild":
                 index[reconcile.BUILDS].setdefault(ns, []).append(obj)
             elif kind == "Job":
-                build = obj["metadata"]["labels"][builds.BUILD_LABEL]
+                build = obj["metadata"]["labels"][names.BUILD_LABEL]
                 index[reconcile.JOBS].setdefault((ns, build), []).append(obj)
             elif kind in reconcile.CHILD_INDEXES:
                 index[reconcile.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
@@ -338,7 +338,7 @@ def test_a_deployment_of_a_pool_no_longer_planned_is_deleted():
     world.reconcile()
     stale = copy.deepcopy(world.get("Deployment", "llama-cpu-amd64"))
     stale["metadata"]["name"] = "llama-amd-mi300x"
-    stale["metadata"]["labels"][reconcile.SERVICE_LABEL] = "llama"
+    stale["metadata"]["labels"][names.SERVICE_LABEL] = "llama"
     world.api.objects[("Deployment", "team-a", "llama-amd-mi300x")] = stale
     world.sync()
     writes = world.reconcile()
@@ -458,7 +458,7 @@ def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
     assert ("DELETE", "EngineBuild") not in writes
     assert delay == 60  # the retention: recorded when it was first seen unreferenced
     assert (
-        world.get("EngineBuild", name)["metadata"]["annotations"][reconcile.UNREFERENCED_ANNOTATION]
+        world.get("EngineBuild", name)["metadata"]["annotations"][names.UNREFERENCED_ANNOTATION]
         == "2026-12-02T12:00:00Z"
     )
     world.sync()
@@ -624,7 +624,7 @@ def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
         "metadata": {
             "name": "llama-nvidia-h100-80gb-hbm3-abc",
             "namespace": "team-a",
-            "labels": {reconcile.SERVICE_LABEL: "llama", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"},
+            "labels": {names.SERVICE_LABEL: "llama", names.POOL_LABEL: "nvidia-h100-80gb-hbm3"},
         },
         "status": {
             "phase": "Pending",
