@@ -10,9 +10,9 @@ from datetime import datetime
 from . import api, autoscaling
 from .autoscaling import PoolLoad
 from .conditions import PlannedEvent, normal
-from .diff import parse_quantity
 from .manifests import deployment_name
 from .names import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL
+from .quantity import to_int
 from .scrape import scrape_pods
 
 DEPLOYMENTS = "deployment_index"  # reconcile.DEPLOYMENTS (reconcile imports this module, not the reverse)
@@ -48,7 +48,7 @@ def _gpus(deployment: dict) -> int:
     for container in containers:
         for resource, value in ((container.get("resources") or {}).get("limits") or {}).items():
             if "/" in resource:  # extended resources (nvidia.com/gpu, amd.com/gpu, ...)
-                per_pod += int(parse_quantity(value) or 0)
+                per_pod += to_int(value)
     return per_pod * int(spec.get("replicas") or 0)
 
 
