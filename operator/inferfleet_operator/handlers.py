@@ -21,6 +21,19 @@ import httpx
 import kopf
 
 from . import findings, reconcile
+from .cache import (
+    BUILDS,
+    CHILD_INDEXES,
+    CLAIMS,
+    JOBS,
+    NODES,
+    PODS,
+    RUNTIMES,
+    SERVICE_PODS,
+    SERVICE_REFS,
+    SERVICES,
+    ReadCache,
+)
 from .credentials import Credentials, CredentialsError
 from .diff import strip_object
 from .kube import Kube
@@ -122,17 +135,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     kopf.on.cleanup(**on)(cleanup)
 
     built, owned = {BUILD_LABEL: kopf.PRESENT}, {SERVICE_LABEL: kopf.PRESENT}
-    kopf.index(*_resource(SERVICE_KIND), id=reconcile.SERVICES, **on)(service_index)
-    kopf.index(*_resource(SERVICE_KIND), id=reconcile.SERVICE_REFS, **on)(service_refs_index)
-    kopf.index(*_resource(RUNTIME_KIND), id=reconcile.RUNTIMES, **on)(runtime_index)
-    kopf.index(*_resource(BUILD_KIND), id=reconcile.BUILDS, **on)(build_index)
-    kopf.index(*_resource("Node"), id=reconcile.NODES, **on)(node_index)
+    kopf.index(*_resource(SERVICE_KIND), id=SERVICES, **on)(service_index)
+    kopf.index(*_resource(SERVICE_KIND), id=SERVICE_REFS, **on)(service_refs_index)
+    kopf.index(*_resource(RUNTIME_KIND), id=RUNTIMES, **on)(runtime_index)
+    kopf.index(*_resource(BUILD_KIND), id=BUILDS, **on)(build_index)
+    kopf.index(*_resource("Node"), id=NODES, **on)(node_index)
     for kind in CHILD_KINDS:
-        kopf.index(*_resource(kind), id=reconcile.CHILD_INDEXES[kind], labels=owned, **on)(child_index)
-    kopf.index(*_resource("Job"), id=reconcile.JOBS, labels=built, **on)(job_index)
-    kopf.index(*_resource("Pod"), id=reconcile.PODS, labels=built, **on)(pod_index)
-    kopf.index(*_resource("Pod"), id=reconcile.SERVICE_PODS, labels=owned, **on)(service_pod_index)
-    kopf.index(*_resource("PersistentVolumeClaim"), id=reconcile.CLAIMS, **on)(claim_index)
+        kopf.index(*_resource(kind), id=CHILD_INDEXES[kind], labels=owned, **on)(child_index)
+    kopf.index(*_resource("Job"), id=JOBS, labels=built, **on)(job_index)
+    kopf.index(*_resource("Pod"), id=PODS, labels=built, **on)(pod_index)
+    kopf.index(*_resource("Pod"), id=SERVICE_PODS, labels=owned, **on)(service_pod_index)
+    kopf.index(*_resource("PersistentVolumeClaim"), id=CLAIMS, **on)(claim_index)
 
     kopf.on.event(*_resource(SERVICE_KIND), **on)(service_event)
     kopf.on.event(*_resource(BUILD_KIND), **on)(build_event)
@@ -171,7 +184,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         kube=kube,
         config=config,
         metrics=metrics,
-        indices=indices,
+        cache=ReadCache(indices),
         scraper=httpx.AsyncClient(timeout=config.scrape_timeout_seconds),
     )
     queue = WorkQueue(
@@ -181,10 +194,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         error_delays=config.error_delays,
         on_error=lambda key, error: _failed(metrics, key, error),
     )
-    metrics.watch_builds(
-        lambda: (b.get("status", {}).get("state", "Pending") for b in ctx.all_values(reconcile.BUILDS))
-    )
-    metrics.watch_degraded(lambda: ctx.all_values(reconcile.SERVICES))
+    metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending") for b in ctx.cache.all_values(BUILDS)))
+    metrics.watch_degraded(lambda: ctx.cache.all_values(SERVICES))
     memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
     memo.pod_findings = {}
     queue.start()
@@ -258,10 +269,10 @@ async def claim_index(namespace: str, name: str, **_: Any):
 
 
 async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.ctx.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
+    memo.ctx.cache.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
     if type == "DELETED":
         memo.queue.forget((SERVICE_KIND, namespace, name))
-        memo.ctx.forget(SERVICE_KIND, namespace, name)
+        memo.ctx.cache.forget(SERVICE_KIND, namespace, name)
         for pool in body.get("status", {}).get("pools", []) or []:
             for ref in (pool.get("engineBuild"), pool.get("servingEngineBuild")):
                 if ref:  # its builds may now be unreferenced: start their GC clock
@@ -273,10 +284,10 @@ async def service_event(type: str, namespace: str, name: str, body: kopf.Body, m
 async def build_event(
     type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, service_refs_index: kopf.Index, **_: Any
 ) -> None:
-    memo.ctx.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
+    memo.ctx.cache.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
     if type == "DELETED":
         memo.queue.forget((BUILD_KIND, namespace, name))
-        memo.ctx.forget(BUILD_KIND, namespace, name)
+        memo.ctx.cache.forget(BUILD_KIND, namespace, name)
     else:
         memo.queue.enqueue((BUILD_KIND, namespace, name))
     for service in service_refs_index.get((namespace, name), ()):
@@ -287,7 +298,7 @@ async def child_event(
     type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
     kind = body.get("kind")
-    memo.ctx.observed(kind, body, is_deleted=type == "DELETED")
+    memo.ctx.cache.observed(kind, body, is_deleted=type == "DELETED")
     memo.queue.enqueue(
         (SERVICE_KIND, namespace, labels[SERVICE_LABEL]),
         fast=kind == "Deployment" and _readiness_changed(memo, type, body),
@@ -295,7 +306,7 @@ async def child_event(
 
 
 async def job_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.ctx.observed("Job", body, is_deleted=type == "DELETED")
+    memo.ctx.cache.observed("Job", body, is_deleted=type == "DELETED")
     memo.queue.enqueue((BUILD_KIND, namespace, labels[BUILD_LABEL]))
 
 
@@ -340,12 +351,12 @@ async def node_event(
         memo.node_signatures.pop(name, None)
     else:
         memo.node_signatures[name] = signature
-    memo.ctx.cluster_changed()
+    memo.ctx.cache.cluster_changed()
     _enqueue_all_services(memo, service_index)
 
 
 async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
-    memo.ctx.cluster_changed()
+    memo.ctx.cache.cluster_changed()
     _enqueue_all_services(memo, service_index)
 
 

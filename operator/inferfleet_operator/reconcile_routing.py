@@ -50,7 +50,7 @@ async def apply(ctx, service_obj: dict, result: routing.RoutingPlan) -> int:
         service_obj["spec"].get("routing", {}).get("inferencePool") == "Enabled"
         and result.status["reason"] != routing.REASON_DISABLED
     ):
-        await ctx.post_events(service_obj, [warning(result.status["reason"], result.status["message"])], "Route")
+        await ctx.events.post(service_obj, [warning(result.status["reason"], result.status["message"])], "Route")
     previous = ((service_obj.get("status") or {}).get("routing") or {}).get("inferencePool")
     if previous and ctx.config.inference_pools != "disabled" and await is_pool_served(ctx):
         if await ctx.kube.delete(POOL_API_VERSION, POOL_KIND, namespace, previous):
