@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from .api import PlanSettings
+from .names import MANAGER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +23,7 @@ class OperatorConfig:
     build_retention_seconds: int = 3600
     max_backoff_seconds: int = 600
     concurrency: int = 8  # reconciles running at once across all objects
-    instance: str = "inferfleet-operator"  # reportingInstance of Events (the pod name in a cluster)
+    instance: str = MANAGER  # reportingInstance of Events (the pod name in a cluster)
     log_level: str = "INFO"
     inference_pools: str = "auto"  # "auto": InferencePools where the GAIE CRD is served; "disabled": never
     autoscale_seconds: float = 15.0  # autoscaled services re-read their pods' metrics this often
