@@ -86,7 +86,7 @@ class PlainClient:
         return response
 
     async def create(self, obj: dict) -> None:
-        if obj["kind"] == "Namespace":  # not a kind the operator knows (kube.KINDS)
+        if obj["kind"] == "Namespace":  # not a kind the operator knows (names.KINDS)
             path = "/api/v1/namespaces"
         else:
             path = resource_path(obj["apiVersion"], obj["kind"], obj["metadata"].get("namespace"))

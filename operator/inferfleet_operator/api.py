@@ -8,10 +8,6 @@ import re
 import typing
 from dataclasses import dataclass, field
 
-GROUP = "inferfleet.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-
 VENDORS = ("nvidia", "amd", "intel", "habana", "cpu")
 POLICIES = ("Auto", "Paged", "Compiled")
 FALLBACKS = ("Paged", "None")

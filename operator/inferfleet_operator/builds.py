@@ -9,14 +9,16 @@ from datetime import datetime, timedelta
 from . import conditions as c
 from . import findings as f
 from . import manifests as m
-from .api import API_VERSION, DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
+from .api import DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
 from .conditions import PlannedEvent, format_time, parse_time
-
-BUILD_LABEL = m.BUILD_LABEL  # on Jobs and their pods: the EngineBuild name
-ATTEMPT_ANNOTATION = m.ATTEMPT_ANNOTATION  # on Jobs: the 1-based attempt number
-PROGRESS_ANNOTATION = "inferfleet.dev/build-progress"  # on a Job or its pod: free-form progress ("40%", "exporting")
-UNREFERENCED_ANNOTATION = "inferfleet.dev/unreferenced-since"  # on an EngineBuild: when GC last saw no reference
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+from .names import (
+    API_VERSION,
+    ATTEMPT_ANNOTATION,
+    BUILD_KIND,
+    JOB_NAME_LABEL,
+    PROGRESS_ANNOTATION,
+    UNREFERENCED_ANNOTATION,
+)
 
 
 @dataclass
@@ -169,7 +171,7 @@ def plan_build(
         "maxAttempts": spec.max_attempts,
         "artifactPath": f"{settings.engine_cache_mount}/{spec.engine_key}",
     }
-    owner = m.owner_reference(API_VERSION, "EngineBuild", name, uid)
+    owner = m.owner_reference(API_VERSION, BUILD_KIND, name, uid)
 
     def new_job(attempt: int) -> dict:
         job = m.compile_job_for(name, namespace, spec, attempt, settings)

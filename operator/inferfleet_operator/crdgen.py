@@ -15,15 +15,14 @@ from .api import (
     DTYPES,
     ENGINES,
     FALLBACKS,
-    GROUP,
     POLICIES,
     TENSOR_PARALLEL_SIZES,
     VENDORS,
-    VERSION,
     default_of,
 )
 from .crdgen_scaling import autoscaling_schema, autoscaling_status_schema, routing_schema, routing_status_schema
 from .crdschema import array, boolean, column, integer, obj, rule, string, string_map
+from .names import BUILD_KIND, GROUP, KINDS, NAME_LABEL, RUNTIME_KIND, SERVICE_KIND, VERSION
 
 URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.+|hf://[^/]+/[^/]+|file:///.+|s3://[^/]+/.+)$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
@@ -150,9 +149,7 @@ def condition_schema() -> dict:
 
 def crd(
     kind: str,
-    plural: str,
     short: str,
-    scope: str,
     spec: dict,
     status: dict,
     columns: list[dict],
@@ -176,14 +173,14 @@ def crd(
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/name": "inferfleet"}},
+        "metadata": {"name": f"{KINDS[kind].plural}.{GROUP}", "labels": {NAME_LABEL: "inferfleet"}},
         "spec": {
             "group": GROUP,
-            "scope": scope,
+            "scope": "Namespaced" if KINDS[kind].is_namespaced else "Cluster",
             "names": {
                 "kind": kind,
                 "listKind": f"{kind}List",
-                "plural": plural,
+                "plural": KINDS[kind].plural,
                 "singular": kind.lower(),
                 "shortNames": [short],
                 "categories": ["inferfleet"],
@@ -466,10 +463,8 @@ def inference_service() -> dict:
     root_rules = [rule("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
                        "metadata.name must be a DNS label that starts with a letter (at most 63 characters): it names the Service")]  # fmt: skip
     return crd(
-        "InferenceService",
-        "inferenceservices",
+        SERVICE_KIND,
         "infsvc",
-        "Namespaced",
         spec,
         status,
         columns,
@@ -523,7 +518,7 @@ def inference_runtime() -> dict:
         column("Priority", ".spec.priority", "integer"),
         AGE,
     ]
-    return crd("InferenceRuntime", "inferenceruntimes", "infrt", "Cluster", spec, obj("Unused.", {}), columns)
+    return crd(RUNTIME_KIND, "infrt", spec, obj("Unused.", {}), columns)
 
 
 def engine_build() -> dict:
@@ -642,7 +637,7 @@ def engine_build() -> dict:
         AGE,
     ]
     root_rules = [rule("self.metadata.name == self.spec.engineKey", "metadata.name must equal spec.engineKey")]
-    return crd("EngineBuild", "enginebuilds", "eb", "Namespaced", spec, status, columns, root_rules, name_length=16)
+    return crd(BUILD_KIND, "eb", spec, status, columns, root_rules, name_length=16)
 
 
 FILES = {

@@ -2,55 +2,14 @@
 
 from __future__ import annotations
 
-import decimal
 import hashlib
 import json
-import re
 from typing import Any
 
-APPLIED_HASH_ANNOTATION = "inferfleet.dev/applied-hash"
+from .names import APPLIED_HASH_ANNOTATION
+from .quantity import parse_quantity
 
 # --- deciding whether an apply would change anything (so that a no-op resync writes nothing) ---
-
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[a-zA-Z]{0,2})$")
-_SUFFIXES = {
-    "": 1,
-    "m": decimal.Decimal("0.001"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-
-
-def parse_quantity(value: Any) -> decimal.Decimal | None:
-    """A Kubernetes quantity ("500m", "8Gi", 2) as a number; None when it is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return decimal.Decimal(str(value))
-    if not isinstance(value, str):
-        return None
-    match = _QUANTITY.match(value)
-    if not match:
-        return None
-    number, suffix = match.groups()
-    try:
-        if suffix[:1] in ("e", "E"):
-            return decimal.Decimal(number + suffix)
-        if suffix not in _SUFFIXES:
-            return None
-        return decimal.Decimal(number) * _SUFFIXES[suffix]
-    except decimal.InvalidOperation:
-        return None
 
 
 def is_subset(desired: Any, live: Any) -> bool:

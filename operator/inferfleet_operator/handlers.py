@@ -1,4 +1,14 @@
-"""kopf handlers: indexes of everything the planners read, triggers into one work queue, settings."""
+"""kopf handlers: indexes of everything the planners read, triggers into one work queue, settings.
+
+The handlers are module-level functions, and `register` attaches them to the kopf.OperatorRegistry that
+main.py builds for the process. kopf's decorators used bare at module level would register into kopf's
+process-wide default registry at import time: global state, and fixed before the flags are parsed, while
+two registrations depend on them (the resync timers' interval, --resync-seconds, and whether the
+InferencePool CRD is watched, --inference-pools). Namespaces are kopf.run's arguments and the server-side
+label selectors are settings (apply_settings), so neither depends on how the handlers are registered.
+What a handler needs at run time (config, metrics, the reconcile context, the work queue) is in kopf's memo:
+main.py puts config and metrics there, and startup adds the rest.
+"""
 
 from __future__ import annotations
 
@@ -10,27 +20,48 @@ from typing import Any
 import httpx
 import kopf
 
-from . import builds, findings, reconcile, routing
+from . import findings, reconcile
+from .cache import (
+    BUILDS,
+    CHILD_INDEXES,
+    CLAIMS,
+    JOBS,
+    NODES,
+    PODS,
+    RUNTIMES,
+    SERVICE_PODS,
+    SERVICE_REFS,
+    SERVICES,
+    ReadCache,
+)
 from .credentials import Credentials, CredentialsError
 from .diff import strip_object
 from .kube import Kube
 from .metrics import Metrics
-from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, Context
+from .names import (
+    BUILD_KIND,
+    BUILD_LABEL,
+    CHILD_KINDS,
+    GROUP,
+    KINDS,
+    KOPF_FINALIZER,
+    MANAGED_SELECTOR,
+    MANAGER,
+    POOL_CRD,
+    RUNTIME_KIND,
+    SERVICE_KIND,
+    SERVICE_LABEL,
+)
+from .reconcile import Context
 from .settings import OperatorConfig
 from .workqueue import WorkQueue
 
-GROUP_VERSION = "inferfleet.dev/v1alpha1"
-SERVICE_KIND, BUILD_KIND = "InferenceService", "EngineBuild"
-
-# Server-side label selectors: the operator only ever sees its own children, Jobs and Job pods.
-MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-CHILD_RESOURCES = {
-    "Deployment": ("apps/v1", "deployments"),
-    "Service": ("v1", "services"),
-    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
-}
-
 logger = logging.getLogger("inferfleet_operator")
+
+
+def _resource(kind: str) -> tuple[str, str]:
+    """(apiVersion, plural): how kopf names the resource of `kind`."""
+    return KINDS[kind].api_version, KINDS[kind].plural
 
 
 def node_view(body: Mapping[str, Any]) -> dict:
@@ -72,7 +103,7 @@ def _plain(body: kopf.Body) -> dict:
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     """Every kopf setting of the operator, in one place (called by the startup handler)."""
     settings.posting.level = logging.WARNING  # kopf posts only its own warnings and errors
-    settings.posting.reporting_component = "inferfleet-operator"
+    settings.posting.reporting_component = MANAGER
     settings.posting.reporting_instance = config.instance
     settings.peering.standalone = config.peering is None
     if config.peering:
@@ -86,257 +117,269 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
             if config.peering_priority is not None
             else random.SystemRandom().randint(1, 1_000_000)
         )
-    for group_version, plural in CHILD_RESOURCES.values():
-        settings.watching.label_selectors[group_version, plural] = MANAGED_SELECTOR
-    settings.watching.label_selectors["batch/v1", "jobs"] = builds.BUILD_LABEL
+    # Server-side label selectors: the operator only ever sees its own children, Jobs and Job pods.
+    for kind in CHILD_KINDS:
+        settings.watching.label_selectors[_resource(kind)] = MANAGED_SELECTOR
+    settings.watching.label_selectors[_resource("Job")] = BUILD_LABEL
     # One pod watch for compile and serving pods: both carry the managed-by label.
-    settings.watching.label_selectors["v1", "pods"] = MANAGED_SELECTOR
+    settings.watching.label_selectors[_resource("Pod")] = MANAGED_SELECTOR
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.reconnect_backoff = 1.0
     # kopf bookkeeping lives in annotations under our own prefix; status stays ours alone.
-    settings.persistence.finalizer = "inferfleet.dev/kopf-finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inferfleet.dev")
-    settings.persistence.diffbase_storage = NoDiffBase(prefix="inferfleet.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = KOPF_FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = NoDiffBase(prefix=GROUP, key="last-handled-configuration")
     settings.queueing.idle_timeout = 30.0  # per-object kopf workers linger; ours do the work
     settings.networking.error_backoffs = config.error_delays
     settings.execution.max_workers = 2  # kopf runs sync callables in threads; ours are all async
 
 
-def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: Metrics) -> None:
-    """Registers every handler in `registry` (settings are closed over, not global)."""
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    """Attaches every handler below to `registry`."""
+    on: dict[str, Any] = {"registry": registry}
+    kopf.on.startup(**on)(startup)
+    kopf.on.login(**on)(login)
+    kopf.on.cleanup(**on)(cleanup)
 
-    on = dict(registry=registry)
+    built, owned = {BUILD_LABEL: kopf.PRESENT}, {SERVICE_LABEL: kopf.PRESENT}
+    kopf.index(*_resource(SERVICE_KIND), id=SERVICES, **on)(service_index)
+    kopf.index(*_resource(SERVICE_KIND), id=SERVICE_REFS, **on)(service_refs_index)
+    kopf.index(*_resource(RUNTIME_KIND), id=RUNTIMES, **on)(runtime_index)
+    kopf.index(*_resource(BUILD_KIND), id=BUILDS, **on)(build_index)
+    kopf.index(*_resource("Node"), id=NODES, **on)(node_index)
+    for kind in CHILD_KINDS:
+        kopf.index(*_resource(kind), id=CHILD_INDEXES[kind], labels=owned, **on)(child_index)
+    kopf.index(*_resource("Job"), id=JOBS, labels=built, **on)(job_index)
+    kopf.index(*_resource("Pod"), id=PODS, labels=built, **on)(pod_index)
+    kopf.index(*_resource("Pod"), id=SERVICE_PODS, labels=owned, **on)(service_pod_index)
+    kopf.index(*_resource("PersistentVolumeClaim"), id=CLAIMS, **on)(claim_index)
 
-    # ------------------------------------------------------------------ settings and lifecycle
-
-    @kopf.on.startup(**on)
-    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-        apply_settings(settings, config)
-        try:
-            credentials = Credentials.load()
-        except CredentialsError as exc:
-            raise kopf.PermanentError(str(exc)) from exc
-        kube = Kube.connect(credentials, instance=config.instance, on_request=metrics.count_request)
-        # kopf passes every index under its id; all of ours end in "_index".
-        indices = {k: v for k, v in kwargs.items() if k.endswith("_index")}
-        ctx = Context(
-            kube=kube,
-            config=config,
-            metrics=metrics,
-            indices=indices,
-            scraper=httpx.AsyncClient(timeout=config.scrape_timeout_seconds),
-        )
-        queue = WorkQueue(
-            lambda key: _work(ctx, key),
-            concurrency=config.concurrency,
-            debounce=config.debounce_seconds,
-            error_delays=config.error_delays,
-            on_error=lambda key, error: _failed(metrics, key, error),
-        )
-        metrics.watch_builds(
-            lambda: (b.get("status", {}).get("state", "Pending") for b in ctx.all_values(reconcile.BUILDS))
-        )
-        metrics.watch_degraded(lambda: ctx.all_values(reconcile.SERVICES))
-        memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
-        memo.pod_findings = {}
-        queue.start()
-        logger.info(
-            "Started operator %s for %s",
-            config.instance,
-            "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces),
-        )
-
-    @kopf.on.login(**on)
-    async def login(**_: Any) -> kopf.AiohttpSession:
-        # The write path's credentials (credentials.py), so kopf's watches authenticate the same way.
-        credentials = Credentials.load()
-        logger.info("Logged in to %s for watches (credentials from %s)", credentials.server, credentials.source)
-        return kopf.AiohttpSession(server=credentials.server, aiohttp_session=credentials.aiohttp_session())
-
-    @kopf.on.cleanup(**on)
-    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        await memo.queue.stop()
-        await memo.ctx.kube.close()
-        await memo.ctx.scraper.aclose()
-        logger.info("Stopped operator %s", config.instance)
-
-    # ------------------------------------------------------------------ indexes
-
-    @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICES, **on)
-    async def service_index(namespace: str, name: str, body: kopf.Body, **_: Any):
-        return {(namespace, name): _plain(body)}
-
-    @kopf.index(GROUP_VERSION, "inferenceservices", id=reconcile.SERVICE_REFS, **on)
-    async def service_refs_index(namespace: str, name: str, status: kopf.Status, **_: Any):
-        refs = {p.get(field) for p in status.get("pools", []) or [] for field in ("engineBuild", "servingEngineBuild")}
-        return {(namespace, ref): name for ref in refs if ref}
-
-    @kopf.index(GROUP_VERSION, "inferenceruntimes", id=reconcile.RUNTIMES, **on)
-    async def runtime_index(name: str, body: kopf.Body, **_: Any):
-        return {name: _plain(body)}
-
-    @kopf.index(GROUP_VERSION, "enginebuilds", id=reconcile.BUILDS, **on)
-    async def build_index(namespace: str, body: kopf.Body, **_: Any):
-        return {namespace: _plain(body)}
-
-    @kopf.index("v1", "nodes", id=reconcile.NODES, **on)
-    async def node_index(name: str, body: kopf.Body, **_: Any):
-        return {name: node_view(body)}
-
-    def _child_index(index_id: str, group_version: str, plural: str) -> None:
-        @kopf.index(group_version, plural, id=index_id, labels={SERVICE_LABEL: kopf.PRESENT}, **on)
-        async def child_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
-            return {(namespace, labels[SERVICE_LABEL]): _plain(body)}
-
-    for kind, (group_version, plural) in CHILD_RESOURCES.items():
-        _child_index(reconcile.CHILD_INDEXES[kind], group_version, plural)
-
-    build_labelled = {builds.BUILD_LABEL: kopf.PRESENT}
-
-    @kopf.index("batch/v1", "jobs", id=reconcile.JOBS, labels=build_labelled, **on)
-    async def job_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
-        return {(namespace, labels[builds.BUILD_LABEL]): _plain(body)}
-
-    @kopf.index("v1", "pods", id=reconcile.PODS, labels=build_labelled, **on)
-    async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
-        pod = _plain(body)
-        return {
-            (namespace, labels[builds.BUILD_LABEL]): {
-                k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")
-            }
-        }
-
-    service_labelled = {SERVICE_LABEL: kopf.PRESENT}
-
-    @kopf.index("v1", "pods", id=reconcile.SERVICE_PODS, labels=service_labelled, **on)
-    async def service_pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
-        return {(namespace, labels[SERVICE_LABEL]): findings.pod_view(body)}
-
-    @kopf.index("v1", "persistentvolumeclaims", id=reconcile.CLAIMS, **on)
-    async def claim_index(namespace: str, name: str, **_: Any):
-        return {namespace: name}
-
-    # ------------------------------------------------------------------ triggers
-
-    @kopf.on.event(GROUP_VERSION, "inferenceservices", **on)
-    async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        memo.ctx.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
-        if type == "DELETED":
-            memo.queue.forget((SERVICE_KIND, namespace, name))
-            memo.ctx.forget(SERVICE_KIND, namespace, name)
-            for pool in body.get("status", {}).get("pools", []) or []:
-                for ref in (pool.get("engineBuild"), pool.get("servingEngineBuild")):
-                    if ref:  # its builds may now be unreferenced: start their GC clock
-                        memo.queue.enqueue((BUILD_KIND, namespace, ref))
-        else:
-            memo.queue.enqueue((SERVICE_KIND, namespace, name))
-
-    @kopf.on.event(GROUP_VERSION, "enginebuilds", **on)
-    async def build_event(
-        type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, service_refs_index: kopf.Index, **_: Any
-    ) -> None:
-        memo.ctx.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
-        if type == "DELETED":
-            memo.queue.forget((BUILD_KIND, namespace, name))
-            memo.ctx.forget(BUILD_KIND, namespace, name)
-        else:
-            memo.queue.enqueue((BUILD_KIND, namespace, name))
-        for service in service_refs_index.get((namespace, name), ()):
-            memo.queue.enqueue((SERVICE_KIND, namespace, service))
-
-    def _child_event(kind: str, group_version: str, plural: str) -> None:
-        @kopf.on.event(group_version, plural, id=f"{plural}_event", labels={SERVICE_LABEL: kopf.PRESENT}, **on)
-        async def child_event(
-            type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
-        ) -> None:
-            memo.ctx.observed(kind, body, is_deleted=type == "DELETED")
-            memo.queue.enqueue(
-                (SERVICE_KIND, namespace, labels[SERVICE_LABEL]),
-                fast=kind == "Deployment" and _readiness_changed(memo, type, body),
-            )
-
-    for kind, (group_version, plural) in CHILD_RESOURCES.items():
-        _child_event(kind, group_version, plural)
-
-    @kopf.on.event("batch/v1", "jobs", labels=build_labelled, **on)
-    async def job_event(
-        type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
-    ) -> None:
-        memo.ctx.observed("Job", body, is_deleted=type == "DELETED")
-        memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
-
-    @kopf.on.event("v1", "pods", labels=build_labelled, **on)
-    async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-        memo.queue.enqueue((BUILD_KIND, namespace, labels[builds.BUILD_LABEL]))
-
-    @kopf.on.event("v1", "pods", id="service_pod_event", labels=service_labelled, **on)
-    async def service_pod_event(
-        type: str, namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
-    ) -> None:
-        # Pods change often (scheduling, probes); only a change of what they report re-plans.
-        found = () if type == "DELETED" else tuple(findings.pod_findings(body))
-        if memo.pod_findings.get((namespace, name), ()) == found:
-            return
-        if found:
-            memo.pod_findings[(namespace, name)] = found
-        else:
-            memo.pod_findings.pop((namespace, name), None)
-        memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
-
-    @kopf.on.event("v1", "persistentvolumeclaims", **on)
-    async def claim_event(
-        type: str | None, namespace: str, memo: kopf.Memo, service_index: kopf.Index, build_index: kopf.Index, **_: Any
-    ) -> None:
-        if type not in ("ADDED", "DELETED"):
-            return  # a claim's binding or resize changes nothing the operator reports
-        for ns, name in list(service_index.keys()):
-            if ns == namespace:
-                memo.queue.enqueue((SERVICE_KIND, namespace, name))
-        for build in build_index.get(namespace, ()):
-            memo.queue.enqueue((BUILD_KIND, namespace, build["metadata"]["name"]))
-
-    @kopf.on.event("v1", "nodes", **on)
-    async def node_event(
-        type: str, name: str, body: kopf.Body, memo: kopf.Memo, service_index: kopf.Index, **_: Any
-    ) -> None:
-        # Heartbeats change nodes every few seconds; only what pools are made of re-plans services.
-        signature = None if type == "DELETED" else repr(node_view(body))
-        if memo.node_signatures.get(name) == signature:
-            return
-        if signature is None:
-            memo.node_signatures.pop(name, None)
-        else:
-            memo.node_signatures[name] = signature
-        memo.ctx.cluster_changed()
-        _enqueue_all_services(memo, service_index)
-
-    @kopf.on.event(GROUP_VERSION, "inferenceruntimes", **on)
-    async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
-        memo.ctx.cluster_changed()
-        _enqueue_all_services(memo, service_index)
-
+    kopf.on.event(*_resource(SERVICE_KIND), **on)(service_event)
+    kopf.on.event(*_resource(BUILD_KIND), **on)(build_event)
+    for kind in CHILD_KINDS:
+        kopf.on.event(*_resource(kind), id=f"{KINDS[kind].plural}_event", labels=owned, **on)(child_event)
+    kopf.on.event(*_resource("Job"), labels=built, **on)(job_event)
+    kopf.on.event(*_resource("Pod"), labels=built, **on)(pod_event)
+    kopf.on.event(*_resource("Pod"), labels=owned, **on)(service_pod_event)
+    kopf.on.event(*_resource("PersistentVolumeClaim"), **on)(claim_event)
+    kopf.on.event(*_resource("Node"), **on)(node_event)
+    kopf.on.event(*_resource(RUNTIME_KIND), **on)(runtime_event)
     if config.inference_pools != "disabled":
-        # The GAIE CRD appearing or going: ask discovery again and re-plan every service's routing.
-        @kopf.on.event(
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            when=lambda name, **_: name == routing.POOL_CRD,
-            **on,
-        )
-        async def pool_crd_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
-            memo.ctx.pool_served = None
-            _enqueue_all_services(memo, service_index)
+        is_pool_crd = {"when": lambda name, **_: name == POOL_CRD}
+        kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", **is_pool_crd, **on)(pool_crd_event)
 
     # Level-triggered safety net: every object is reconciled at least every resync interval.
-    @kopf.timer(GROUP_VERSION, "inferenceservices", interval=config.resync_seconds, id="service_resync", **on)
-    async def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        memo.queue.enqueue((SERVICE_KIND, namespace, name), 0.0)
+    every = {"interval": config.resync_seconds}
+    kopf.timer(*_resource(SERVICE_KIND), id="service_resync", **every, **on)(service_resync)
+    kopf.timer(*_resource(BUILD_KIND), id="build_resync", **every, **on)(build_resync)
 
-    @kopf.timer(GROUP_VERSION, "enginebuilds", interval=config.resync_seconds, id="build_resync", **on)
-    async def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
+
+# ------------------------------------------------------------------ settings and lifecycle
+
+
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    config, metrics = memo.config, memo.metrics
+    apply_settings(settings, config)
+    try:
+        credentials = Credentials.load()
+    except CredentialsError as exc:
+        raise kopf.PermanentError(str(exc)) from exc
+    kube = Kube.connect(credentials, instance=config.instance, on_request=metrics.count_request)
+    # kopf passes every index under its id; all of ours end in "_index".
+    indices = {k: v for k, v in kwargs.items() if k.endswith("_index")}
+    ctx = Context(
+        kube=kube,
+        config=config,
+        metrics=metrics,
+        cache=ReadCache(indices),
+        scraper=httpx.AsyncClient(timeout=config.scrape_timeout_seconds),
+    )
+    queue = WorkQueue(
+        lambda key: _work(ctx, key),
+        concurrency=config.concurrency,
+        debounce=config.debounce_seconds,
+        error_delays=config.error_delays,
+        on_error=lambda key, error: _failed(metrics, key, error),
+    )
+    metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending") for b in ctx.cache.all_values(BUILDS)))
+    metrics.watch_degraded(lambda: ctx.cache.all_values(SERVICES))
+    memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
+    memo.pod_findings = {}
+    queue.start()
+    logger.info(
+        "Started operator %s for %s",
+        config.instance,
+        "all namespaces" if config.is_clusterwide else ", ".join(config.namespaces),
+    )
+
+
+async def login(**_: Any) -> kopf.AiohttpSession:
+    # The write path's credentials (credentials.py), so kopf's watches authenticate the same way.
+    credentials = Credentials.load()
+    logger.info("Logged in to %s for watches (credentials from %s)", credentials.server, credentials.source)
+    return kopf.AiohttpSession(server=credentials.server, aiohttp_session=credentials.aiohttp_session())
+
+
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.queue.stop()
+    await memo.ctx.kube.close()
+    await memo.ctx.scraper.aclose()
+    logger.info("Stopped operator %s", memo.config.instance)
+
+
+# ------------------------------------------------------------------ indexes
+
+
+async def service_index(namespace: str, name: str, body: kopf.Body, **_: Any):
+    return {(namespace, name): _plain(body)}
+
+
+async def service_refs_index(namespace: str, name: str, status: kopf.Status, **_: Any):
+    refs = {p.get(field) for p in status.get("pools", []) or [] for field in ("engineBuild", "servingEngineBuild")}
+    return {(namespace, ref): name for ref in refs if ref}
+
+
+async def runtime_index(name: str, body: kopf.Body, **_: Any):
+    return {name: _plain(body)}
+
+
+async def build_index(namespace: str, body: kopf.Body, **_: Any):
+    return {namespace: _plain(body)}
+
+
+async def node_index(name: str, body: kopf.Body, **_: Any):
+    return {name: node_view(body)}
+
+
+async def child_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    return {(namespace, labels[SERVICE_LABEL]): _plain(body)}
+
+
+async def job_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    return {(namespace, labels[BUILD_LABEL]): _plain(body)}
+
+
+async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    pod = _plain(body)
+    return {(namespace, labels[BUILD_LABEL]): {k: pod.get(k) for k in ("apiVersion", "kind", "metadata", "status")}}
+
+
+async def service_pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    return {(namespace, labels[SERVICE_LABEL]): findings.pod_view(body)}
+
+
+async def claim_index(namespace: str, name: str, **_: Any):
+    return {namespace: name}
+
+
+# ------------------------------------------------------------------ triggers
+
+
+async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.ctx.cache.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
+    if type == "DELETED":
+        memo.queue.forget((SERVICE_KIND, namespace, name))
+        memo.ctx.cache.forget(SERVICE_KIND, namespace, name)
+        for pool in body.get("status", {}).get("pools", []) or []:
+            for ref in (pool.get("engineBuild"), pool.get("servingEngineBuild")):
+                if ref:  # its builds may now be unreferenced: start their GC clock
+                    memo.queue.enqueue((BUILD_KIND, namespace, ref))
+    else:
+        memo.queue.enqueue((SERVICE_KIND, namespace, name))
+
+
+async def build_event(
+    type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, service_refs_index: kopf.Index, **_: Any
+) -> None:
+    memo.ctx.cache.observed(BUILD_KIND, body, is_deleted=type == "DELETED")
+    if type == "DELETED":
+        memo.queue.forget((BUILD_KIND, namespace, name))
+        memo.ctx.cache.forget(BUILD_KIND, namespace, name)
+    else:
+        memo.queue.enqueue((BUILD_KIND, namespace, name))
+    for service in service_refs_index.get((namespace, name), ()):
+        memo.queue.enqueue((SERVICE_KIND, namespace, service))
+
+
+async def child_event(
+    type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    kind = body.get("kind")
+    memo.ctx.cache.observed(kind, body, is_deleted=type == "DELETED")
+    memo.queue.enqueue(
+        (SERVICE_KIND, namespace, labels[SERVICE_LABEL]),
+        fast=kind == "Deployment" and _readiness_changed(memo, type, body),
+    )
+
+
+async def job_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.ctx.cache.observed("Job", body, is_deleted=type == "DELETED")
+    memo.queue.enqueue((BUILD_KIND, namespace, labels[BUILD_LABEL]))
+
+
+async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    memo.queue.enqueue((BUILD_KIND, namespace, labels[BUILD_LABEL]))
+
+
+async def service_pod_event(
+    type: str, namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    # Pods change often (scheduling, probes); only a change of what they report re-plans.
+    found = () if type == "DELETED" else tuple(findings.pod_findings(body))
+    if memo.pod_findings.get((namespace, name), ()) == found:
+        return
+    if found:
+        memo.pod_findings[(namespace, name)] = found
+    else:
+        memo.pod_findings.pop((namespace, name), None)
+    memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]))
+
+
+async def claim_event(
+    type: str | None, namespace: str, memo: kopf.Memo, service_index: kopf.Index, build_index: kopf.Index, **_: Any
+) -> None:
+    if type not in ("ADDED", "DELETED"):
+        return  # a claim's binding or resize changes nothing the operator reports
+    for ns, name in list(service_index.keys()):
+        if ns == namespace:
+            memo.queue.enqueue((SERVICE_KIND, namespace, name))
+    for build in build_index.get(namespace, ()):
+        memo.queue.enqueue((BUILD_KIND, namespace, build["metadata"]["name"]))
+
+
+async def node_event(
+    type: str, name: str, body: kopf.Body, memo: kopf.Memo, service_index: kopf.Index, **_: Any
+) -> None:
+    # Heartbeats change nodes every few seconds; only what pools are made of re-plans services.
+    signature = None if type == "DELETED" else repr(node_view(body))
+    if memo.node_signatures.get(name) == signature:
+        return
+    if signature is None:
+        memo.node_signatures.pop(name, None)
+    else:
+        memo.node_signatures[name] = signature
+    memo.ctx.cache.cluster_changed()
+    _enqueue_all_services(memo, service_index)
+
+
+async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
+    memo.ctx.cache.cluster_changed()
+    _enqueue_all_services(memo, service_index)
+
+
+async def pool_crd_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
+    # The GAIE CRD appearing or going: ask discovery again and re-plan every service's routing.
+    memo.ctx.pool_served = None
+    _enqueue_all_services(memo, service_index)
+
+
+async def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.queue.enqueue((SERVICE_KIND, namespace, name), 0.0)
+
+
+async def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
 
 
 def _readiness_changed(memo: kopf.Memo, type: str, body: Mapping[str, Any]) -> bool:

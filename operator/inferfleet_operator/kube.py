@@ -15,26 +15,10 @@ from typing import Any
 import httpx
 
 from .credentials import Credentials
+from .names import KINDS, MANAGER, REPORTING_CONTROLLER
 
-FIELD_MANAGER = "inferfleet-operator"
-REPORTING_CONTROLLER = "inferfleet.dev/operator"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"  # JSON is valid YAML, so the body is JSON
 WRITE_VERBS = frozenset({"apply", "apply-status", "create", "delete", "patch"})
-
-# kind -> (plural, namespaced) for every kind the operator reads or writes.
-KINDS: dict[str, tuple[str, bool]] = {
-    "Deployment": ("deployments", True),
-    "Service": ("services", True),
-    "PodDisruptionBudget": ("poddisruptionbudgets", True),
-    "Job": ("jobs", True),
-    "Node": ("nodes", False),
-    "Event": ("events", True),
-    "InferenceService": ("inferenceservices", True),
-    "InferenceRuntime": ("inferenceruntimes", False),
-    "EngineBuild": ("enginebuilds", True),
-    "Pod": ("pods", True),
-    "InferencePool": ("inferencepools", True),
-}
 
 
 class ApiError(Exception):
@@ -73,7 +57,7 @@ class _CredentialsAuth(httpx.Auth):
 def resource_path(
     api_version: str, kind: str, namespace: str | None = None, name: str | None = None, subresource: str | None = None
 ) -> str:
-    plural, is_namespaced = KINDS[kind]
+    plural, is_namespaced = KINDS[kind].plural, KINDS[kind].is_namespaced
     parts = ["/api/v1" if api_version == "v1" else f"/apis/{api_version}"]
     if is_namespaced and namespace:
         parts.append(f"namespaces/{namespace}")
@@ -92,7 +76,7 @@ class Kube:
         self,
         http: httpx.AsyncClient,
         *,
-        instance: str = "inferfleet-operator",
+        instance: str = MANAGER,
         on_request: Callable[[str, str], None] | None = None,
     ):
         self._http = http
@@ -105,7 +89,7 @@ class Kube:
         cls,
         credentials: Credentials,
         *,
-        instance: str = "inferfleet-operator",
+        instance: str = MANAGER,
         on_request: Callable[[str, str], None] | None = None,
         timeout: float = 30.0,
     ) -> Kube:
@@ -115,7 +99,7 @@ class Kube:
             proxy=credentials.proxy,
             auth=_CredentialsAuth(credentials),
             timeout=timeout,
-            headers={"User-Agent": FIELD_MANAGER},
+            headers={"User-Agent": MANAGER},
         )
         return cls(http, instance=instance, on_request=on_request)
 
@@ -159,7 +143,7 @@ class Kube:
         """Server-side apply of a whole object under the operator's field manager."""
         meta = obj["metadata"]
         path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-        params = {"fieldManager": FIELD_MANAGER}
+        params = {"fieldManager": MANAGER}
         if force:
             params["force"] = "true"
         result = await self._request(
@@ -185,7 +169,7 @@ class Kube:
             obj["kind"],
             "PATCH",
             path,
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params={"fieldManager": MANAGER, "force": "true"},
             body=body,
             content_type=APPLY_CONTENT_TYPE,
         )
@@ -202,7 +186,7 @@ class Kube:
             obj["kind"],
             "PATCH",
             path,
-            params={"fieldManager": FIELD_MANAGER},
+            params={"fieldManager": MANAGER},
             body={"metadata": {"annotations": annotations}},
             content_type="application/merge-patch+json",
         )
@@ -227,7 +211,7 @@ class Kube:
     async def is_served(self, api_version: str, kind: str) -> bool:
         """Whether the API server serves `kind` in `api_version` now (API discovery)."""
         result = await self._request("get", "Discovery", "GET", f"/apis/{api_version}", allow_missing=True)
-        plural = KINDS[kind][0]
+        plural = KINDS[kind].plural
         return any(r.get("name") == plural for r in (result or {}).get("resources") or [])
 
     async def list(
@@ -262,7 +246,7 @@ class Kube:
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": 1,
-            "source": {"component": FIELD_MANAGER},
+            "source": {"component": MANAGER},
             "reportingComponent": REPORTING_CONTROLLER,
             "reportingInstance": self._instance,
         }

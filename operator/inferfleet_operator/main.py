@@ -41,7 +41,7 @@ def run(config: OperatorConfig) -> None:
     if config.metrics_port:
         start_http_server(config.metrics_port, registry=metrics.registry)
     registry = kopf.OperatorRegistry()
-    register(registry, config, metrics)
+    register(registry, config)
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     kopf.run(
         registry=registry,
@@ -50,7 +50,7 @@ def run(config: OperatorConfig) -> None:
         standalone=config.peering is None,
         peering_name=config.peering,
         liveness_endpoint=liveness,
-        memo=kopf.Memo(),
+        memo=kopf.Memo(config=config, metrics=metrics),  # what handlers read (handlers.py)
     )
 
 

@@ -6,7 +6,6 @@ import hashlib
 from dataclasses import dataclass
 
 from .api import (
-    API_VERSION,
     EngineBuildSpec,
     InferenceRuntime,
     InferenceService,
@@ -15,21 +14,26 @@ from .api import (
     to_dict,
     uri_scheme,
 )
+from .names import (
+    API_VERSION,
+    ATTEMPT_ANNOTATION,
+    BUILD_KIND,
+    BUILD_LABEL,
+    COMPONENT_LABEL,
+    ENGINE_KEY_ANNOTATION,
+    ENGINE_KEY_LABEL,
+    ENGINE_LABEL,
+    KINDS,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    NAME_LABEL,
+    POOL_LABEL,
+    REF_LABEL_PREFIX,
+    RUNTIME_ANNOTATION,
+    SERVICE_LABEL,
+)
 from .pools import Pool
 
-NAME_LABEL = "app.kubernetes.io/name"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-SERVICE_LABEL = "inferfleet.dev/service"
-POOL_LABEL = "inferfleet.dev/pool"
-ENGINE_LABEL = "inferfleet.dev/engine"  # "paged" | "compiled"
-ENGINE_KEY_LABEL = "inferfleet.dev/engine-key"
-BUILD_LABEL = "inferfleet.dev/engine-build"
-REF_LABEL_PREFIX = "ref.inferfleet.dev/"  # on an EngineBuild: one label per referencing InferenceService
-ENGINE_KEY_ANNOTATION = "inferfleet.dev/engine-key"  # on a pool Deployment: the compiled engine it serves
-RUNTIME_ANNOTATION = "inferfleet.dev/runtime"
-ATTEMPT_ANNOTATION = "inferfleet.dev/attempt"
-MANAGER = "inferfleet-operator"
 RUN_AS = 1000  # the runtime images' non-root user
 
 
@@ -283,7 +287,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     if tolerations:
         pod_spec["tolerations"] = tolerations
     return {
-        "apiVersion": "apps/v1",
+        "apiVersion": KINDS["Deployment"].api_version,
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": service.meta.namespace, "labels": labels, "annotations": annotations},
         "spec": {
@@ -299,7 +303,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
 def service_for(service: InferenceService, settings: PlanSettings) -> dict:
     """One Service over every pool's pods (selector: inferfleet.dev/service)."""
     return {
-        "apiVersion": "v1",
+        "apiVersion": KINDS["Service"].api_version,
         "kind": "Service",
         "metadata": {
             "name": service.meta.name,
@@ -322,7 +326,7 @@ def pdb_for(service: InferenceService) -> dict:
     """At most one serving pod of the service disrupted at a time (maxUnavailable, so a 1-replica service
     still drains)."""
     return {
-        "apiVersion": "policy/v1",
+        "apiVersion": KINDS["PodDisruptionBudget"].api_version,
         "kind": "PodDisruptionBudget",
         "metadata": {
             "name": service.meta.name,
@@ -345,7 +349,7 @@ def engine_build_for(namespace: str, spec: EngineBuildSpec | dict, references: l
     labels.update({ref_label(name): "true" for name in sorted(set(references))})
     return {
         "apiVersion": API_VERSION,
-        "kind": "EngineBuild",
+        "kind": BUILD_KIND,
         "metadata": {"name": key, "namespace": namespace, "labels": labels},
         "spec": spec_dict,
     }
@@ -414,7 +418,7 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
     if spec.placement.tolerations:
         pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
     return {
-        "apiVersion": "batch/v1",
+        "apiVersion": KINDS["Job"].api_version,
         "kind": "Job",
         "metadata": {"name": job_name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": {

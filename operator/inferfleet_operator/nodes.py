@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .quantity import to_int, to_millis
+
 # Extended resources advertised by each vendor's device plugin, in the order they are tried.
 GPU_RESOURCES = (
     ("nvidia", "nvidia.com/gpu"),
@@ -134,19 +136,9 @@ def _slug(text: str) -> str:
 
 
 def _count(value) -> int:
+    """An integer label value (a GPU count, a compute capability digit); 0 when it is not one."""
     try:
         return int(str(value))
-    except ValueError:
-        return 0
-
-
-def parse_cpu_millis(value) -> int:
-    """Kubernetes CPU quantity ("4", "3500m", "0.5") -> millicores."""
-    text = str(value or "0")
-    if text.endswith("m"):
-        return _count(text[:-1])
-    try:
-        return int(float(text) * 1000)
     except ValueError:
         return 0
 
@@ -160,7 +152,7 @@ def _match_arch(product: str, table) -> str:
 
 def _from_resources(allocatable: dict):
     for vendor, resource in GPU_RESOURCES:
-        count = _count(allocatable.get(resource, 0))
+        count = to_int(allocatable.get(resource, 0))
         if count > 0:
             return vendor, resource, count
     return None
@@ -346,7 +338,7 @@ def classify_node(node: dict) -> NodeInfo:
         is_eligible=not reason,
         excluded_reason=reason,
         pool_label=pool_label,
-        cpu_millis=parse_cpu_millis(allocatable.get("cpu", 0)),
+        cpu_millis=to_millis(allocatable.get("cpu", 0)),
         labels=labels,
         taints=tuple((node.get("spec") or {}).get("taints") or ()),
         signals=tuple(signals),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .names import GROUP, POOL_GROUP
+
 # Server-side apply that creates an object is authorized as `create` as well as `patch`
 # (kubernetes.io/docs/reference/using-api/api-concepts/#patch-and-apply), so applied kinds need both.
 _APPLIED = ["get", "list", "watch", "create", "patch", "delete"]
@@ -9,13 +11,13 @@ _APPLIED = ["get", "list", "watch", "create", "patch", "delete"]
 PERMISSIONS: list[dict] = [
     # The kinds the operator reconciles: watched by kopf, status written through the subresource,
     # metadata patched by kopf for its finalizer and progress annotations.
-    {"apiGroups": ["inferfleet.dev"], "resources": ["inferenceservices"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": ["inferfleet.dev"], "resources": ["inferenceservices/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": ["inferenceservices"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [GROUP], "resources": ["inferenceservices/status"], "verbs": ["get", "patch"]},
     # EngineBuilds are applied by the service reconcile, reconciled themselves, and garbage-collected.
-    {"apiGroups": ["inferfleet.dev"], "resources": ["enginebuilds"], "verbs": _APPLIED},
-    {"apiGroups": ["inferfleet.dev"], "resources": ["enginebuilds/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": ["enginebuilds"], "verbs": _APPLIED},
+    {"apiGroups": [GROUP], "resources": ["enginebuilds/status"], "verbs": ["get", "patch"]},
     # Runtimes are only read (an in-memory index); the operator never writes them.
-    {"apiGroups": ["inferfleet.dev"], "resources": ["inferenceruntimes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [GROUP], "resources": ["inferenceruntimes"], "verbs": ["get", "list", "watch"]},
     # Nodes are classified into pools; read only.
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     # Children of a service (drift repair watches them; stale ones are deleted).
@@ -43,5 +45,5 @@ PERMISSIONS: list[dict] = [
 # (routing.inferencePools); the operator then runs with --inference-pools=auto. Pods are listed
 # for autoscaling already (the rule above), so routing needs nothing else.
 ROUTING_PERMISSIONS: list[dict] = [
-    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"], "verbs": _APPLIED},
+    {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": _APPLIED},
 ]

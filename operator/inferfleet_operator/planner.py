@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from . import conditions as c
 from . import manifests as m
 from .api import (
-    API_VERSION,
     DEFAULT_SETTINGS,
     BuildPlacement,
     EngineBuildSpec,
@@ -23,12 +21,14 @@ from .api import (
 from .choice import Excluded, PoolChoice, choose_runtimes, placement_tier, restrict_pool
 from .conditions import PlannedEvent
 from .engine_key import engine_key
-from .manifests import ENGINE_KEY_ANNOTATION, PoolServing
+from .manifests import PoolServing
+from .names import API_VERSION, ENGINE_KEY_ANNOTATION, REF_LABEL_PREFIX, SERVICE_KIND
+from .pool_decision import decide_pool
 from .pools import Pool, group_pools
 from .replicas import distribute, pool_capacity
 from .service_status import build_status, pool_events
 
-__all__ = ["ENGINE_KEY_ANNOTATION", "ClusterView", "ServicePlan", "cluster_view", "plan_service", "plan_service_in"]
+__all__ = ["ClusterView", "ServicePlan", "cluster_view", "plan_service", "plan_service_in"]
 
 
 @dataclass
@@ -197,7 +197,7 @@ def _build_spec(
     if existing is not None and (existing.get("spec") or {}).get("engineKey") == key:
         stored = dict(existing["spec"])
         labels = (existing.get("metadata") or {}).get("labels") or {}
-        others = [k for k in labels if k.startswith(m.REF_LABEL_PREFIX) and k != m.ref_label(service.meta.name)]
+        others = [k for k in labels if k.startswith(REF_LABEL_PREFIX) and k != m.ref_label(service.meta.name)]
         return stored if others else stored | _build_settings(service.spec)
     gpu_resource = runtime.spec.gpu_resource or pool.gpu_resource
     # Every eligible node of the vendor and architecture that advertises the resource: the same answer for
@@ -237,57 +237,55 @@ def _serving_key(deployment: dict | None) -> str:
 
 
 def _plan_pool(
-    service, choice: PoolChoice, replicas: int, view, builds, deployments, wanted_builds
-) -> tuple[dict, PoolServing | None]:
-    """One pool's status entry and what its Deployment serves (None: no Deployment)."""
+    service, choice: PoolChoice, replicas: int, capacity: int, builds, deployments
+) -> tuple[dict, PoolServing | None, tuple[str, ...]]:
+    """One pool's status entry, what its Deployment serves (None: no Deployment) and the engine keys it needs built."""
     pool, spec = choice.pool, service.spec
-    gpu_resource = "" if pool.vendor == "cpu" else (choice.runtime.spec.gpu_resource or pool.gpu_resource)
+    key = ""
+    if choice.engine == "Compiled" and replicas > 0:
+        key = engine_key(
+            spec.model.uri, spec.model.revision, spec.engine, pool.architecture, _runtime_identity(choice.runtime)
+        )
+    previous_key = _serving_key(deployments.get(m.deployment_name(service.meta.name, pool.name)))
+    decision = decide_pool(
+        engine=choice.engine,
+        runtime=choice.runtime.name,
+        paged_runtime=choice.paged_runtime.name if choice.paged_runtime else None,
+        num_replicas=replicas,
+        capacity=capacity,
+        capacity_message=f"no node has {spec.resources.gpus_per_replica} allocatable {pool.gpu_resource or 'cpu'}",
+        engine_key=key,
+        build_state=_build_state(builds.get(key)),
+        previous_key=previous_key,
+        previous_state=_build_state(builds.get(previous_key)),
+        fallback=spec.runtime.fallback,
+        bridge=spec.runtime.bridge,
+    )
     entry = {
         "name": pool.name, "vendor": pool.vendor, "product": pool.product, "architecture": pool.architecture,
         "nodes": pool.num_nodes, "runtime": choice.runtime.name, "engine": choice.engine, "choiceReason": choice.reason,
-        "desiredReplicas": replicas,
+        "desiredReplicas": decision.num_replicas,
     }  # fmt: skip
-
-    def paged(reason: str, runtime: InferenceRuntime | None):
-        entry.update(reason=reason, servingEngine="Paged")
-        if runtime is None:
-            entry.update(servingEngine="None", desiredReplicas=0)
-            return None
-        entry["servingRuntime"] = runtime.name
-        paged_resource = "" if pool.vendor == "cpu" else (runtime.spec.gpu_resource or pool.gpu_resource)
-        return PoolServing(pool, runtime, "Paged", "", replicas, paged_resource)
-
-    if choice.engine == "Paged":
-        return entry, paged(c.REASON_SERVING_PAGED, choice.runtime)
-    if replicas == 0:
-        # No build for a pool that serves nothing: it would hold GPUs other pools' replicas may need.
-        entry.update(reason=c.REASON_NO_REPLICAS, servingEngine="None")
-        return entry, None
-
-    key = engine_key(
-        spec.model.uri, spec.model.revision, spec.engine, pool.architecture, _runtime_identity(choice.runtime)
-    )
-    wanted_builds.setdefault(key, _build_spec(service, choice, key, view, builds.get(key)))
-    state = _build_state(builds.get(key))
-    entry.update(engineBuild=key, buildState=state)
-    current_key = _serving_key(deployments.get(m.deployment_name(service.meta.name, pool.name)))
-    if state == "Ready":
-        entry.update(reason=c.REASON_SERVING_COMPILED, servingEngine="Compiled", servingEngineBuild=key)
-        return entry, PoolServing(pool, choice.runtime, "Compiled", key, replicas, gpu_resource)
-    if current_key and current_key != key and _build_state(builds.get(current_key)) == "Ready":
-        # Envelope (or image) changed: the previous engine serves until the new one is Ready.
-        wanted_builds.setdefault(current_key, _build_spec(service, choice, current_key, view, builds.get(current_key)))
-        entry.update(reason=c.REASON_SERVING_PREVIOUS_ENGINE, servingEngine="Compiled", servingEngineBuild=current_key)
-        return entry, PoolServing(pool, choice.runtime, "Compiled", current_key, replicas, gpu_resource)
-    if state == "Failed":
-        if spec.runtime.fallback == "Paged":
-            return entry, paged(c.REASON_FALLBACK_PAGED, choice.paged_runtime)
-        entry.update(reason=c.REASON_BUILD_FAILED_NO_FALLBACK, servingEngine="None")
-        return entry, None
-    if spec.runtime.bridge:
-        return entry, paged(c.REASON_BRIDGING, choice.paged_runtime)
-    entry.update(reason=c.REASON_WAITING_FOR_BUILD, servingEngine="None")
-    return entry, None
+    if decision.engine_build:
+        entry.update(engineBuild=decision.engine_build, buildState=_build_state(builds.get(decision.engine_build)))
+    entry.update(reason=decision.reason, servingEngine=decision.serving_engine)
+    if decision.engine == "Paged":
+        entry["servingRuntime"] = decision.runtime
+    elif decision.engine == "Compiled":
+        entry["servingEngineBuild"] = decision.engine_key
+    name = m.deployment_name(service.meta.name, pool.name)
+    entry["readyReplicas"] = int(((deployments.get(name) or {}).get("status") or {}).get("readyReplicas") or 0)
+    if pool.excluded_nodes:
+        entry.update(excluded_nodes_status(pool.excluded_nodes))
+    if decision.message:
+        entry["message"] = decision.message
+    if not decision.has_deployment:
+        return entry, None, decision.build_keys
+    # A compiled pool served paged (bridge, fallback) runs its paged companion.
+    runtime = choice.runtime if decision.engine == choice.engine else choice.paged_runtime
+    gpu_resource = "" if pool.vendor == "cpu" else (runtime.spec.gpu_resource or pool.gpu_resource)
+    serving = PoolServing(pool, runtime, decision.engine, decision.engine_key, replicas, gpu_resource)
+    return entry, serving, decision.build_keys
 
 
 def plan_service_in(
@@ -318,26 +316,15 @@ def plan_service_in(
         spec.replicas, capacities, overrides, {ch.pool.name: placement_tier(ch) for ch in choices}
     )
 
-    owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
+    owner = m.owner_reference(API_VERSION, SERVICE_KIND, service.meta.name, service.meta.uid)
     wanted_builds: dict[str, EngineBuildSpec | dict] = {}
     entries, children = [], []
     for choice in choices:
-        replicas = distribution.replicas[choice.pool.name]
-        entry, serving = _plan_pool(service, choice, replicas, view, builds, deployments, wanted_builds)
-        name = m.deployment_name(service.meta.name, choice.pool.name)
-        entry["readyReplicas"] = int(((deployments.get(name) or {}).get("status") or {}).get("readyReplicas") or 0)
-        if choice.pool.excluded_nodes:
-            entry.update(excluded_nodes_status(choice.pool.excluded_nodes))
-        if capacities[choice.pool.name] == 0:
-            entry["reason"] = c.REASON_NO_CAPACITY
-            entry["message"] = (
-                f"no node has {spec.resources.gpus_per_replica} allocatable {choice.pool.gpu_resource or 'cpu'}"
-            )
-        elif replicas == 0 and entry["reason"] in (c.REASON_SERVING_PAGED, c.REASON_SERVING_COMPILED):
-            entry["reason"] = c.REASON_NO_REPLICAS
-        if replicas == 0:
-            entry["servingEngine"] = "None"  # no Deployment: nothing serves here
-        if serving is not None and replicas > 0:
+        replicas, capacity = distribution.replicas[choice.pool.name], capacities[choice.pool.name]
+        entry, serving, build_keys = _plan_pool(service, choice, replicas, capacity, builds, deployments)
+        for key in build_keys:
+            wanted_builds.setdefault(key, _build_spec(service, choice, key, view, builds.get(key)))
+        if serving is not None:
             children.append(m.deployment_for_pool(service, serving, settings))
         entries.append(entry)
     children += [m.service_for(service, settings), m.pdb_for(service)]
@@ -347,9 +334,9 @@ def plan_service_in(
     engine_builds = []
     for key in sorted(wanted_builds):
         refs = [
-            k.removeprefix(m.REF_LABEL_PREFIX)
+            k.removeprefix(REF_LABEL_PREFIX)
             for k in ((builds.get(key) or {}).get("metadata") or {}).get("labels", {})
-            if k.startswith(m.REF_LABEL_PREFIX)
+            if k.startswith(REF_LABEL_PREFIX)
         ]
         engine_builds.append(m.engine_build_for(service.meta.namespace, wanted_builds[key], refs + [service.meta.name]))
 

@@ -9,12 +9,12 @@ from datetime import datetime
 
 from . import api, autoscaling
 from .autoscaling import PoolLoad
+from .cache import DEPLOYMENTS
 from .conditions import PlannedEvent, normal
-from .diff import parse_quantity
-from .manifests import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL, deployment_name
+from .manifests import deployment_name
+from .names import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL
+from .quantity import to_int
 from .scrape import scrape_pods
-
-DEPLOYMENTS = "deployment_index"  # reconcile.DEPLOYMENTS (reconcile imports this module, not the reverse)
 
 
 @dataclasses.dataclass
@@ -47,7 +47,7 @@ def _gpus(deployment: dict) -> int:
     for container in containers:
         for resource, value in ((container.get("resources") or {}).get("limits") or {}).items():
             if "/" in resource:  # extended resources (nvidia.com/gpu, amd.com/gpu, ...)
-                per_pod += int(parse_quantity(value) or 0)
+                per_pod += to_int(value)
     return per_pod * int(spec.get("replicas") or 0)
 
 
@@ -55,7 +55,7 @@ def _free_capacities(
     ctx, namespace: str, name: str, spec: api.InferenceServiceSpec, capacities: dict[str, int]
 ) -> dict[str, int]:
     """Each pool's capacity less the GPUs other inferfleet services' Deployments hold there."""
-    pools = {p.name: p for p in ctx.cluster_view().pools}
+    pools = {p.name: p for p in ctx.cache.cluster_view().pools}
     out = {}
     for pool_name, capacity in capacities.items():
         pool = pools.get(pool_name)
@@ -64,7 +64,7 @@ def _free_capacities(
             continue
         used = sum(
             _gpus(d)
-            for d in ctx.all_values(DEPLOYMENTS)
+            for d in ctx.cache.all_values(DEPLOYMENTS)
             if (d["metadata"].get("labels") or {}).get(POOL_LABEL) == pool_name
             and ((d["metadata"].get("labels") or {}).get(SERVICE_LABEL), d["metadata"].get("namespace"))
             != (name, namespace)
@@ -119,7 +119,7 @@ async def autoscale(
         if not _is_ready(pod):
             by_pool.setdefault((pod["metadata"].get("labels") or {}).get(POOL_LABEL, ""), []).append(None)
     free = _free_capacities(ctx, meta["namespace"], meta["name"], service.spec, capacities)
-    deployments = {d["metadata"]["name"]: d for d in ctx.values(DEPLOYMENTS, key)}
+    deployments = {d["metadata"]["name"]: d for d in ctx.cache.values(DEPLOYMENTS, key)}
     loads = []
     for entry in plan_status.get("pools", []):
         live = deployments.get(deployment_name(meta["name"], entry["name"]))

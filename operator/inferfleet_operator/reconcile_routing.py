@@ -8,6 +8,7 @@ import time
 from . import api, routing
 from .conditions import warning
 from .kube import ApiError
+from .names import POOL_API_VERSION, POOL_KIND
 
 logger = logging.getLogger("inferfleet_operator")
 
@@ -19,9 +20,9 @@ async def is_pool_served(ctx) -> bool:
     if cached is not None and time.monotonic() - cached[0] < SERVED_TTL_SECONDS:
         return cached[1]
     try:
-        served = await ctx.kube.is_served(routing.POOL_API_VERSION, routing.POOL_KIND)
+        served = await ctx.kube.is_served(POOL_API_VERSION, POOL_KIND)
     except ApiError as error:
-        logger.warning("Failed to discover %s: %s", routing.POOL_API_VERSION, error)
+        logger.warning("Failed to discover %s: %s", POOL_API_VERSION, error)
         served = False
     ctx.pool_served = (time.monotonic(), served)
     return served
@@ -43,16 +44,16 @@ async def apply(ctx, service_obj: dict, result: routing.RoutingPlan) -> int:
     meta = service_obj["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     if result.pool is not None:
-        live = await ctx.kube.get(routing.POOL_API_VERSION, routing.POOL_KIND, namespace, name)
+        live = await ctx.kube.get(POOL_API_VERSION, POOL_KIND, namespace, name)
         return int(await ctx.apply(result.pool, live))
     if (
         service_obj["spec"].get("routing", {}).get("inferencePool") == "Enabled"
         and result.status["reason"] != routing.REASON_DISABLED
     ):
-        await ctx.post_events(service_obj, [warning(result.status["reason"], result.status["message"])], "Route")
+        await ctx.events.post(service_obj, [warning(result.status["reason"], result.status["message"])], "Route")
     previous = ((service_obj.get("status") or {}).get("routing") or {}).get("inferencePool")
     if previous and ctx.config.inference_pools != "disabled" and await is_pool_served(ctx):
-        if await ctx.kube.delete(routing.POOL_API_VERSION, routing.POOL_KIND, namespace, previous):
+        if await ctx.kube.delete(POOL_API_VERSION, POOL_KIND, namespace, previous):
             logger.info("Deleted InferencePool %s/%s (routing no longer planned)", namespace, previous)
             return 1
     return 0

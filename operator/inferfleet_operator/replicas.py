@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .nodes import parse_cpu_millis
 from .pools import Pool
+from .quantity import to_millis
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ def pool_capacity(pool: Pool, gpus_per_replica: int, cpu_request: str) -> int:
     whole GPUs per node; cpu pools count the CPU request against each node's allocatable CPU. This is the
     pool's size, not its free room: other services share the nodes and the scheduler queues what does not fit."""
     if pool.vendor == "cpu":
-        request = max(parse_cpu_millis(cpu_request), 1)
+        request = max(to_millis(cpu_request), 1)
         return sum(millis // request for millis in pool.node_cpu_millis)
     return sum(gpus // gpus_per_replica for gpus in pool.node_gpus)
 

@@ -5,15 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import manifests as m
-from .api import API_VERSION, InferenceService, PlanSettings
-
-# The GAIE API this operator writes: inference.networking.k8s.io/v1, as published in the CRDs of
-# sigs.k8s.io/gateway-api-inference-extension v1.6.0 (vendored for tests in e2e/crds-thirdparty/).
-POOL_GROUP = "inference.networking.k8s.io"
-POOL_VERSION = "v1"
-POOL_API_VERSION = f"{POOL_GROUP}/{POOL_VERSION}"
-POOL_KIND = "InferencePool"
-POOL_CRD = f"inferencepools.{POOL_GROUP}"
+from .api import InferenceService, PlanSettings
+from .names import API_VERSION, COMPONENT_LABEL, POOL_API_VERSION, POOL_KIND, SERVICE_KIND, SERVICE_LABEL
 
 REASON_APPLIED = "InferencePoolApplied"
 REASON_DISABLED = "RoutingDisabled"
@@ -31,7 +24,7 @@ def inference_pool_for(service: InferenceService, settings: PlanSettings) -> dic
     """One InferencePool named after the service. Its selector is the Service's: the labels every pool's
     serving pods carry (manifests.deployment_for_pool), so pools joining or leaving never change it."""
     spec: dict = {
-        "selector": {"matchLabels": {m.SERVICE_LABEL: service.meta.name, m.COMPONENT_LABEL: "server"}},
+        "selector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}},
         "targetPorts": [{"number": settings.port}],
     }
     picker = service.spec.routing.endpoint_picker
@@ -43,7 +36,7 @@ def inference_pool_for(service: InferenceService, settings: PlanSettings) -> dic
             "port": {"number": picker.port},
             "failureMode": picker.failure_mode,
         }
-    owner = m.owner_reference(API_VERSION, "InferenceService", service.meta.name, service.meta.uid)
+    owner = m.owner_reference(API_VERSION, SERVICE_KIND, service.meta.name, service.meta.uid)
     return {
         "apiVersion": POOL_API_VERSION,
         "kind": POOL_KIND,

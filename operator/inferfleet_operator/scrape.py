@@ -10,6 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .autoscaling import KV_USAGE, WAITING, PodMetrics
+from .names import POOL_LABEL
 
 DEFAULT_URL_TEMPLATE = "http://{ip}:{port}/metrics"
 
@@ -38,7 +39,7 @@ def pod_url(pod: dict, port: int, template: str = DEFAULT_URL_TEMPLATE) -> str |
         port=port,
         namespace=meta.get("namespace", ""),
         pod=meta.get("name", ""),
-        pool=(meta.get("labels") or {}).get("inferfleet.dev/pool", ""),
+        pool=(meta.get("labels") or {}).get(POOL_LABEL, ""),
     )
 
 

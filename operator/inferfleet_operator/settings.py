@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from .api import PlanSettings
+from .names import MANAGER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +23,7 @@ class OperatorConfig:
     build_retention_seconds: int = 3600
     max_backoff_seconds: int = 600
     concurrency: int = 8  # reconciles running at once across all objects
-    instance: str = "inferfleet-operator"  # reportingInstance of Events (the pod name in a cluster)
+    instance: str = MANAGER  # reportingInstance of Events (the pod name in a cluster)
     log_level: str = "INFO"
     inference_pools: str = "auto"  # "auto": InferencePools where the GAIE CRD is served; "disabled": never
     autoscale_seconds: float = 15.0  # autoscaled services re-read their pods' metrics this often
@@ -51,7 +52,19 @@ def _delays(text: str) -> tuple[float, ...]:
     return delays
 
 
-def build_parser() -> argparse.ArgumentParser:
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(OperatorConfig)}
+
+
+def _flag(parser, name: str, *aliases: str, help: str, shown: str | None = None, **kwargs) -> None:
+    """Adds the flag of OperatorConfig field `name` (--name-with-dashes), its default read from the dataclass;
+    the help ends with the default (`shown`, when the value itself reads badly) unless it says one itself."""
+    if "default" not in help and (shown is not None or _DEFAULTS[name] is not None):
+        help += f" (default: {shown or '%(default)s'})"
+    flag = "--" + name.replace("_", "-")
+    parser.add_argument(flag, *aliases, dest=name, default=_DEFAULTS[name], help=help, **kwargs)
+
+
+def build_parser(default_instance: str = _DEFAULTS["instance"]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inferfleet-operator",
         description="Runs the inferfleet operator: InferenceServices become engine builds and "
@@ -61,121 +74,89 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument(
         "--namespace",
         "-n",
+        dest="namespaces",
         action="append",
-        default=[],
+        default=None,  # None: no --namespace given (argparse appends to a default list in place)
         metavar="NAME",
         help="watch this namespace (repeatable; globs allowed)",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)")
-    parser.add_argument(
-        "--health-port", type=int, default=8080, help="port of the liveness endpoint GET /healthz (0: off)"
-    )
-    parser.add_argument(
-        "--metrics-port", type=int, default=9090, help="port of the Prometheus endpoint GET /metrics (0: off)"
-    )
+    _flag(parser, "health_port", type=int, help="port of the liveness endpoint GET /healthz (0: off)")
+    _flag(parser, "metrics_port", type=int, help="port of the Prometheus endpoint GET /metrics (0: off)")
     peering = parser.add_mutually_exclusive_group()
-    peering.add_argument(
-        "--peering", metavar="NAME", help="elect one active replica through kopf peering objects named NAME"
-    )
+    _flag(peering, "peering", metavar="NAME", help="elect one active replica through kopf peering objects named NAME")
     peering.add_argument(
         "--standalone", action="store_true", help="no peering: this process is the only operator (the default)"
     )
-    parser.add_argument(
-        "--peering-priority",
+    _flag(
+        parser,
+        "peering_priority",
         type=int,
-        default=None,
         metavar="N",
         help="with --peering: the replica with the highest priority is active "
         "(default: random, so that replicas never tie)",
     )
-    parser.add_argument(
-        "--engine-cache-claim",
-        default="inferfleet-engine-cache",
-        metavar="NAME",
-        help="PersistentVolumeClaim that holds compiled engines",
-    )
-    parser.add_argument(
-        "--resync-seconds", type=float, default=300.0, help="reconcile every object at least this often"
-    )
-    parser.add_argument(
-        "--debounce-seconds", type=float, default=0.2, help="coalesce triggers for one object within this window"
-    )
-    parser.add_argument(
-        "--error-delays",
+    _flag(parser, "engine_cache_claim", metavar="NAME", help="PersistentVolumeClaim that holds compiled engines")
+    _flag(parser, "resync_seconds", type=float, help="reconcile every object at least this often")
+    _flag(parser, "debounce_seconds", type=float, help="coalesce triggers for one object within this window")
+    _flag(
+        parser,
+        "error_delays",
         type=_delays,
-        default=(1, 2, 5, 10, 30, 60),
         metavar="S,S,...",
         help="seconds between retries of a failing reconcile",
+        shown=",".join(f"{d:g}" for d in _DEFAULTS["error_delays"]),
     )
-    parser.add_argument(
-        "--build-retention-seconds",
+    _flag(
+        parser,
+        "build_retention_seconds",
         type=int,
-        default=3600,
         help="delete an EngineBuild this long after no service references it",
     )
+    _flag(parser, "max_backoff_seconds", type=int, help="cap on the delay between engine build attempts")
+    _flag(parser, "concurrency", type=int, help="reconciles running at once")
     parser.add_argument(
-        "--max-backoff-seconds", type=int, default=600, help="cap on the delay between engine build attempts"
+        "--instance",
+        default=default_instance,
+        help="name of this replica in Events (default: $POD_NAME or the host name, here %(default)s)",
     )
-    parser.add_argument("--concurrency", type=int, default=8, help="reconciles running at once")
-    parser.add_argument(
-        "--instance", default=None, help="name of this replica in Events (default: $POD_NAME or the host name)"
-    )
-    parser.add_argument(
-        "--inference-pools",
+    _flag(
+        parser,
+        "inference_pools",
         choices=["auto", "disabled"],
-        default="auto",
         help="auto: apply InferencePools (Gateway API Inference Extension) where the CRD is "
         "served; disabled: never (the chart's RBAC then grants no inferencepools)",
     )
-    parser.add_argument(
-        "--autoscale-seconds", type=float, default=15.0, help="how often autoscaled services read their pods' /metrics"
-    )
-    parser.add_argument(
-        "--scrape-timeout-seconds",
+    _flag(parser, "autoscale_seconds", type=float, help="how often autoscaled services read their pods' /metrics")
+    _flag(
+        parser,
+        "scrape_timeout_seconds",
         type=float,
-        default=2.0,
         help="timeout of one pod's /metrics request (a pod that does not answer counts as missing)",
     )
-    parser.add_argument(
-        "--scrape-url-template",
-        default="http://{ip}:{port}/metrics",
+    _flag(
+        parser,
+        "scrape_url_template",
         metavar="URL",
         help="where a serving pod's /metrics is, from {ip} {port} {namespace} {pod} {pool} "
         "(tests point it at a stand-in on loopback)",
     )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _flag(parser, "log_level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="how much the operator logs")
     return parser
 
 
 def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConfig:
-    args = build_parser().parse_args(argv)
+    parser = build_parser(default_instance)
+    args = parser.parse_args(argv)
     if args.concurrency < 1:
-        build_parser().error("--concurrency must be at least 1")
+        parser.error("--concurrency must be at least 1")
     if args.autoscale_seconds <= 0 or args.scrape_timeout_seconds <= 0:
-        build_parser().error("--autoscale-seconds and --scrape-timeout-seconds must be positive")
+        parser.error("--autoscale-seconds and --scrape-timeout-seconds must be positive")
     try:
         args.scrape_url_template.format(ip="10.0.0.1", port=8000, namespace="ns", pod="pod", pool="pool")
     except (KeyError, IndexError, ValueError) as error:
-        build_parser().error(
-            f"--scrape-url-template may only use {{ip}} {{port}} {{namespace}} {{pod}} {{pool}}: {error}"
-        )
-    return OperatorConfig(
-        namespaces=tuple(args.namespace),
-        health_port=args.health_port,
-        metrics_port=args.metrics_port,
-        peering=args.peering,
-        peering_priority=args.peering_priority,
-        engine_cache_claim=args.engine_cache_claim,
-        resync_seconds=args.resync_seconds,
-        debounce_seconds=args.debounce_seconds,
-        error_delays=tuple(args.error_delays),
-        build_retention_seconds=args.build_retention_seconds,
-        max_backoff_seconds=args.max_backoff_seconds,
-        concurrency=args.concurrency,
-        instance=args.instance or default_instance,
-        log_level=args.log_level,
-        inference_pools=args.inference_pools,
-        autoscale_seconds=args.autoscale_seconds,
-        scrape_timeout_seconds=args.scrape_timeout_seconds,
-        scrape_url_template=args.scrape_url_template,
-    )
+        parser.error(f"--scrape-url-template may only use {{ip}} {{port}} {{namespace}} {{pod}} {{pool}}: {error}")
+    values = {name: getattr(args, name) for name in _DEFAULTS}
+    values["namespaces"] = tuple(args.namespaces or _DEFAULTS["namespaces"])
+    values["error_delays"] = tuple(args.error_delays)
+    return OperatorConfig(**values)

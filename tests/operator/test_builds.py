@@ -9,7 +9,8 @@ from crd_eval import load_schema, schema_errors
 from planning_data import NOW
 
 from inferfleet_operator.api import PlanSettings
-from inferfleet_operator.builds import UNREFERENCED_ANNOTATION, backoff_seconds, plan_build, plan_gc
+from inferfleet_operator.builds import backoff_seconds, plan_build, plan_gc
+from inferfleet_operator.names import UNREFERENCED_ANNOTATION
 
 KEY = "0123456789abcdef"
 

@@ -16,8 +16,8 @@ from inferfleet_operator.findings import (
     pod_view,
     summary,
 )
+from inferfleet_operator.names import POOL_LABEL
 
-POOL_LABEL = "inferfleet.dev/pool"
 SCHEDULER_XE = (
     "0/3 nodes are available: 1 Insufficient gpu.intel.com/xe, 2 node(s) didn't match Pod's node "
     "affinity/selector. preemption: 0/3 nodes are available: 3 No preemption victims found."

@@ -9,7 +9,7 @@ import re
 
 import httpx
 
-from inferfleet_operator import builds, reconcile
+from inferfleet_operator import cache, names, reconcile
 from inferfleet_operator.kube import Kube
 from inferfleet_operator.metrics import Metrics
 from inferfleet_operator.settings import OperatorConfig
@@ -206,7 +206,7 @@ class World:
         self.sync()
         config = OperatorConfig(build_retention_seconds=60)
         self.ctx = reconcile.Context(
-            kube=self.kube, config=config, metrics=Metrics(), indices=self.indices, clock=lambda: NOW
+            kube=self.kube, config=config, metrics=Metrics(), cache=cache.ReadCache(self.indices), clock=lambda: NOW
         )
 
     def sync(self):
@@ -214,31 +214,31 @@ class World:
         index = {
             name: {}
             for name in (
-                reconcile.SERVICES,
-                reconcile.BUILDS,
-                reconcile.DEPLOYMENTS,
-                reconcile.SERVICE_OBJECTS,
-                reconcile.PDBS,
-                reconcile.JOBS,
-                reconcile.PODS,
+                cache.SERVICES,
+                cache.BUILDS,
+                cache.DEPLOYMENTS,
+                cache.SERVICE_OBJECTS,
+                cache.PDBS,
+                cache.JOBS,
+                cache.PODS,
             )
         }
-        index[reconcile.NODES] = {n["metadata"]["name"]: [n] for n in NODES}
-        index[reconcile.RUNTIMES] = {r["metadata"]["name"]: [r] for r in RUNTIMES}
+        index[cache.NODES] = {n["metadata"]["name"]: [n] for n in NODES}
+        index[cache.RUNTIMES] = {r["metadata"]["name"]: [r] for r in RUNTIMES}
         for (kind, ns, name), obj in self.api.objects.items():
             obj = copy.deepcopy(obj)
-            service = obj["metadata"].get("labels", {}).get(reconcile.SERVICE_LABEL)
+            service = obj["metadata"].get("labels", {}).get(names.SERVICE_LABEL)
             if kind == "InferenceService":
-                index[reconcile.SERVICES].setdefault((ns, name), []).append(obj)
+                index[cache.SERVICES].setdefault((ns, name), []).append(obj)
             elif kind == "EngineBuild":
-                index[reconcile.BUILDS].setdefault(ns, []).append(obj)
+                index[cache.BUILDS].setdefault(ns, []).append(obj)
             elif kind == "Job":
-                build = obj["metadata"]["labels"][builds.BUILD_LABEL]
-                index[reconcile.JOBS].setdefault((ns, build), []).append(obj)
-            elif kind in reconcile.CHILD_INDEXES:
-                index[reconcile.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
+                build = obj["metadata"]["labels"][names.BUILD_LABEL]
+                index[cache.JOBS].setdefault((ns, build), []).append(obj)
+            elif kind in cache.CHILD_INDEXES:
+                index[cache.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
         # Claims and serving pods are set by the tests that use them, and kept across syncs.
-        index.update({k: self.indices[k] for k in (reconcile.CLAIMS, reconcile.SERVICE_PODS) if k in self.indices})
+        index.update({k: self.indices[k] for k in (cache.CLAIMS, cache.SERVICE_PODS) if k in self.indices})
         self.indices.clear()
         self.indices.update(index)
         self.ctx_written_clear()
@@ -246,7 +246,7 @@ class World:
     def ctx_written_clear(self):
         ctx = getattr(self, "ctx", None)
         if ctx is not None:
-            ctx.written.clear()  # the watch delivered everything written
+            ctx.cache.written.clear()  # the watch delivered everything written
 
     def reconcile(self, name="llama"):
         before = len(self.api.requests)
@@ -338,7 +338,7 @@ def test_a_deployment_of_a_pool_no_longer_planned_is_deleted():
     world.reconcile()
     stale = copy.deepcopy(world.get("Deployment", "llama-cpu-amd64"))
     stale["metadata"]["name"] = "llama-amd-mi300x"
-    stale["metadata"]["labels"][reconcile.SERVICE_LABEL] = "llama"
+    stale["metadata"]["labels"][names.SERVICE_LABEL] = "llama"
     world.api.objects[("Deployment", "team-a", "llama-amd-mi300x")] = stale
     world.sync()
     writes = world.reconcile()
@@ -458,7 +458,7 @@ def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
     assert ("DELETE", "EngineBuild") not in writes
     assert delay == 60  # the retention: recorded when it was first seen unreferenced
     assert (
-        world.get("EngineBuild", name)["metadata"]["annotations"][reconcile.UNREFERENCED_ANNOTATION]
+        world.get("EngineBuild", name)["metadata"]["annotations"][names.UNREFERENCED_ANNOTATION]
         == "2026-12-02T12:00:00Z"
     )
     world.sync()
@@ -479,8 +479,8 @@ def test_a_node_that_joins_adds_a_pool_once_the_cluster_is_marked_changed():
         {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.device-id": "74a1"},
         {"amd.com/gpu": "8"},
     )
-    world.indices[reconcile.NODES]["mi300x-0"] = [amd]
-    world.ctx.cluster_changed()
+    world.indices[cache.NODES]["mi300x-0"] = [amd]
+    world.ctx.cache.cluster_changed()
     world.reconcile()
     names = {k[2] for k in world.api.objects if k[0] == "Deployment"}
     assert any("mi300x" in name for name in names), names
@@ -555,7 +555,7 @@ def test_a_refused_child_is_in_status_and_a_warning_event_and_retries_write_noth
 
 def test_a_missing_engine_cache_claim_is_named_in_status():
     world = World([_service()])
-    world.indices[reconcile.CLAIMS] = {"team-a": ["models"]}
+    world.indices[cache.CLAIMS] = {"team-a": ["models"]}
     _build_ready(world)
     degraded = _degraded(world)
     assert (degraded["status"], degraded["reason"]) == ("True", "ClaimNotFound")
@@ -568,9 +568,9 @@ def _build_ready(world):
     world.reconcile()
     world.sync()
     name = world.build_name()
-    world.indices[reconcile.CLAIMS]["team-a"].append("inferfleet-engine-cache")
+    world.indices[cache.CLAIMS]["team-a"].append("inferfleet-engine-cache")
     world.reconcile_build(name)
-    world.indices[reconcile.CLAIMS]["team-a"].remove("inferfleet-engine-cache")
+    world.indices[cache.CLAIMS]["team-a"].remove("inferfleet-engine-cache")
     world.sync()
     _finish_job(world, f"{name}-1")
     world.sync()
@@ -584,14 +584,14 @@ def test_an_engine_build_waits_for_its_claim_instead_of_creating_a_job():
     world = World([_service()])
     world.reconcile()
     world.sync()
-    world.indices[reconcile.CLAIMS] = {}
+    world.indices[cache.CLAIMS] = {}
     name = world.build_name()
     writes, _ = world.reconcile_build(name)
     assert ("PATCH", "Job") not in writes
     status = world.get("EngineBuild", name)["status"]
     assert status["conditions"][0]["reason"] == "ClaimNotFound"
     assert "inferfleet-engine-cache" in status["message"]
-    world.indices[reconcile.CLAIMS] = {"team-a": ["inferfleet-engine-cache"]}
+    world.indices[cache.CLAIMS] = {"team-a": ["inferfleet-engine-cache"]}
     writes, _ = world.reconcile_build(name)
     assert ("PATCH", "Job") in writes
 
@@ -624,7 +624,7 @@ def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
         "metadata": {
             "name": "llama-nvidia-h100-80gb-hbm3-abc",
             "namespace": "team-a",
-            "labels": {reconcile.SERVICE_LABEL: "llama", "inferfleet.dev/pool": "nvidia-h100-80gb-hbm3"},
+            "labels": {names.SERVICE_LABEL: "llama", names.POOL_LABEL: "nvidia-h100-80gb-hbm3"},
         },
         "status": {
             "phase": "Pending",
@@ -638,7 +638,7 @@ def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
             ],
         },
     }
-    world.indices[reconcile.SERVICE_PODS] = {("team-a", "llama"): [pod]}
+    world.indices[cache.SERVICE_PODS] = {("team-a", "llama"): [pod]}
     world.reconcile()
     degraded = _degraded(world)
     assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientResource")
@@ -646,16 +646,16 @@ def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
     warnings = [e for e in world.api.events if e["type"] == "Warning"]
     assert [e["reason"] for e in warnings] == ["InsufficientResource"]
     world.sync()
-    world.indices[reconcile.SERVICE_PODS] = {("team-a", "llama"): [pod]}
+    world.indices[cache.SERVICE_PODS] = {("team-a", "llama"): [pod]}
     assert world.reconcile() == []  # the same finding: nothing written, nothing posted
-    world.indices[reconcile.SERVICE_PODS] = {}
+    world.indices[cache.SERVICE_PODS] = {}
     world.reconcile()
     assert _degraded(world)["status"] == "False"
 
 
 def test_a_service_whose_build_lacks_the_engine_cache_claim_says_so_while_bridging():
     world = World([_service()])
-    world.indices[reconcile.CLAIMS] = {}
+    world.indices[cache.CLAIMS] = {}
     world.reconcile()
     degraded = _degraded(world)
     assert (degraded["status"], degraded["reason"]) == ("True", "ClaimNotFound")

@@ -1,10 +1,12 @@
 """Flags of `inferfleet-operator` and the kopf settings the startup handler applies."""
 
+import inspect
+
 import kopf
 import pytest
 
+from inferfleet_operator import handlers
 from inferfleet_operator.handlers import apply_settings, node_view, register
-from inferfleet_operator.metrics import Metrics
 from inferfleet_operator.settings import parse_args
 
 
@@ -76,7 +78,7 @@ def test_kopf_bookkeeping_stays_under_the_projects_prefix():
 
 def test_every_handler_registers():
     registry = kopf.OperatorRegistry()
-    register(registry, parse_args([], default_instance="x"), Metrics())
+    register(registry, parse_args([], default_instance="x"))
     resources = {h.selector.any_name if h.selector else None for h in registry._indexing.get_all_handlers()}
     assert {
         "inferenceservices",
@@ -149,17 +151,34 @@ def test_routing_and_autoscaling_flags_parse_and_bad_ones_are_refused_naming_the
 def test_the_inference_pool_crd_is_watched_only_when_inference_pools_are_on():
     def watched(argv):
         registry = kopf.OperatorRegistry()
-        register(registry, parse_args(argv, default_instance="x"), Metrics())
+        register(registry, parse_args(argv, default_instance="x"))
         return {h.selector.any_name for h in registry._watching.get_all_handlers() if h.selector}
 
     assert "customresourcedefinitions" in watched([])
     assert "customresourcedefinitions" not in watched(["--inference-pools=disabled"])
 
 
+def test_every_module_level_handler_is_registered_and_timers_tick_at_the_resync_interval():
+    registry = kopf.OperatorRegistry()
+    register(registry, parse_args(["--resync-seconds=7"], default_instance="x"))
+    kinds = (registry._activities, registry._indexing, registry._watching, registry._spawning)
+    registered = {h.fn for kind in kinds for h in kind.get_all_handlers()}
+    defined = {
+        fn
+        for name, fn in vars(handlers).items()
+        if inspect.iscoroutinefunction(fn) and not name.startswith("_") and fn.__module__ == handlers.__name__
+    }
+    assert defined and defined == registered
+    assert {h.id: h.interval for h in registry._spawning.get_all_handlers()} == {
+        "service_resync": 7.0,
+        "build_resync": 7.0,
+    }
+
+
 def test_no_handler_needs_kopfs_diff_base_so_none_is_built():
     # NoDiffBase skips kopf's per-event copy of each object; only on.create/update/field handlers read it.
     registry = kopf.OperatorRegistry()
-    register(registry, parse_args([], default_instance="x"), Metrics())
+    register(registry, parse_args([], default_instance="x"))
     assert not registry._changing.get_all_handlers()
     settings = kopf.OperatorSettings()
     apply_settings(settings, parse_args([], default_instance="x"))

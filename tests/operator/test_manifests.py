@@ -11,6 +11,7 @@ import yaml
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, node, service, with_state
 
 from inferfleet_operator import manifests as m
+from inferfleet_operator import names
 from inferfleet_operator.builds import plan_build
 from inferfleet_operator.planner import plan_service
 
@@ -91,7 +92,7 @@ def test_serving_pods_are_restricted_probed_and_pinned(deployment):
     assert server["command"] == ["inferfleet-runtime"] and server["args"][0] == "serve" and "--port" in server["args"]
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert labels[m.NAME_LABEL] == "inferfleet" and labels[m.MANAGED_BY_LABEL] == "inferfleet-operator"
+    assert labels[names.NAME_LABEL] == "inferfleet" and labels[names.MANAGED_BY_LABEL] == "inferfleet-operator"
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
@@ -131,11 +132,11 @@ def test_model_volume_follows_the_uri_scheme():
 
 def test_service_selects_every_pool_and_the_pdb_allows_one_disruption():
     svc, pdb = SCENARIO["service-llama"], SCENARIO["poddisruptionbudget-llama"]
-    assert svc["spec"]["selector"] == {m.SERVICE_LABEL: "llama", m.COMPONENT_LABEL: "server"}
+    assert svc["spec"]["selector"] == {names.SERVICE_LABEL: "llama", names.COMPONENT_LABEL: "server"}
     assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
     # Compile Job pods never carry the service label, so the Service does not route to them.
     job = next(v for k, v in SCENARIO.items() if k.startswith("job-"))
-    assert m.SERVICE_LABEL not in job["spec"]["template"]["metadata"]["labels"]
+    assert names.SERVICE_LABEL not in job["spec"]["template"]["metadata"]["labels"]
 
 
 def test_long_names_are_bounded_and_distinct():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from planning_data import fixture_node, node
 
-from inferfleet_operator.nodes import classify_node, parse_cpu_millis
+from inferfleet_operator.nodes import classify_node
 
 # fixture -> (vendor, product, architecture, gpu_count, gpu_resource, eligible, reason prefix)
 EXPECTED = {
@@ -121,8 +121,3 @@ def test_a_node_without_a_ready_condition_is_excluded():
     n = node("n", {}, {})
     n["status"]["conditions"] = []
     assert classify_node(n).excluded_reason.startswith("NotReady")
-
-
-@pytest.mark.parametrize("text, millis", [("4", 4000), ("3500m", 3500), ("0.5", 500), ("", 0)])
-def test_cpu_quantities_parse_to_millicores(text, millis):
-    assert parse_cpu_millis(text) == millis

@@ -53,8 +53,9 @@ def test_pods_and_claims_are_only_read_and_secrets_never():
 
 def test_inference_pools_are_granted_only_by_the_routing_rules_and_pods_can_be_listed_for_autoscaling():
     from inferfleet_operator.api import DEFAULT_SETTINGS, parse_service
+    from inferfleet_operator.names import POOL_GROUP
     from inferfleet_operator.permissions import ROUTING_PERMISSIONS
-    from inferfleet_operator.routing import POOL_GROUP, inference_pool_for
+    from inferfleet_operator.routing import inference_pool_for
 
     pool = inference_pool_for(parse_service(service()), DEFAULT_SETTINGS)
     assert pool["apiVersion"].split("/")[0] == POOL_GROUP

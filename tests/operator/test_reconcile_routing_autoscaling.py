@@ -9,8 +9,6 @@ import datetime
 import httpx
 from test_handlers_reconcile import NOW, World, _service
 
-from inferfleet_operator import reconcile
-
 
 def _routed(world_services=None, **routing):
     service = _service()
@@ -199,12 +197,6 @@ def test_gpus_another_service_holds_in_the_pool_cap_the_scale_up():
     assert world.get("Deployment", "llama-nvidia-h100-80gb-hbm3")["spec"]["replicas"] == 2
     (entry,) = world.get("InferenceService", "llama")["status"]["autoscaling"]["pools"]
     assert entry["reason"] == "CapacityLimited"
-
-
-def test_the_deployment_index_name_is_the_reconciles():
-    from inferfleet_operator import reconcile_autoscaling
-
-    assert reconcile_autoscaling.DEPLOYMENTS == reconcile.DEPLOYMENTS
 
 
 def test_routing_enabled_without_the_crd_posts_one_warning_and_auto_posts_none():

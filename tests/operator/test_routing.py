@@ -9,7 +9,7 @@ import pytest
 import yaml
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, service
 
-from inferfleet_operator import routing
+from inferfleet_operator import names, routing
 from inferfleet_operator.api import DEFAULT_SETTINGS, PlanSettings, parse_service
 from inferfleet_operator.planner import plan_service
 
@@ -114,10 +114,10 @@ VENDORED = (
 
 def test_the_vendored_gaie_crd_serves_the_api_version_the_operator_writes():
     crd = yaml.safe_load(VENDORED.read_text())
-    assert crd["metadata"]["name"] == routing.POOL_CRD
+    assert crd["metadata"]["name"] == names.POOL_CRD
     served = [v["name"] for v in crd["spec"]["versions"] if v["served"]]
-    assert routing.POOL_VERSION in served and crd["spec"]["group"] == routing.POOL_GROUP
-    schema = next(v for v in crd["spec"]["versions"] if v["name"] == routing.POOL_VERSION)["schema"]["openAPIV3Schema"]
+    assert names.POOL_VERSION in served and crd["spec"]["group"] == names.POOL_GROUP
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == names.POOL_VERSION)["schema"]["openAPIV3Schema"]
     for name in SCENARIOS:  # every field the operator writes exists in the pinned schema
         spec = yaml.safe_load((GOLDEN / f"{name}.yaml").read_text())["spec"]
         assert set(spec) <= set(schema["properties"]["spec"]["properties"]), name

@@ -150,6 +150,9 @@ def _default_name(model_dir: Path) -> str:
 
 
 def _bytes(text: str) -> int:
+    """A byte size ("2GiB", "500MB", "1048576"): the runtime's one size parser. The operator parses
+    Kubernetes quantities in inferfleet_operator/quantity.py; the runtime image does not ship the operator
+    package, so it cannot import that one, and the spellings differ (GiB here, Gi there)."""
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
     lowered = text.strip().lower()
     number = lowered.rstrip("kmgib")
