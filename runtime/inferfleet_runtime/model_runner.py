@@ -11,7 +11,12 @@ from pathlib import Path
 
 import torch
 
-from inferfleet_runtime.attention import build_attention_metadata
+from inferfleet_runtime.attention import (
+    PagedAttention,
+    allocate_kv_cache,
+    build_attention_metadata,
+    kv_cache_bytes_per_block,
+)
 from inferfleet_runtime.engine_config import EngineConfig
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
@@ -23,7 +28,8 @@ DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading t
 
 class ModelRunner:
     def __init__(self, loaded, config: EngineConfig, model_name: str | None = None):
-        self.model = loaded.model
+        self.model, self.ops = loaded.model, loaded.model.ops
+        self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.model_name = model_name or loaded.config.name
@@ -32,7 +38,7 @@ class ModelRunner:
         self.vocab_size = loaded.config.vocab_size
         self.block_size = config.block_size
         self.num_kv_blocks = config.num_kv_blocks or self._num_blocks_for_budget(config)
-        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size)
+        self.kv_caches = allocate_kv_cache(loaded.config, self.num_kv_blocks, self.block_size, self.device)
         self.sampler = Sampler(self.device, seed=config.seed)
 
     @classmethod
@@ -43,7 +49,7 @@ class ModelRunner:
         return cls(loaded, config, model_name)
 
     def _num_blocks_for_budget(self, config: EngineConfig) -> int:
-        bytes_per_block = self.model.kv_cache_bytes_per_block(self.block_size)
+        bytes_per_block = kv_cache_bytes_per_block(self.model_config, self.block_size)
         budget = config.kv_cache_memory
         if budget is None and self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -78,7 +84,8 @@ class ModelRunner:
                 rows.append(i)
                 last_index.append(end - 1)
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        attn = PagedAttention(self.kv_caches, meta, self.ops)
+        hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]
         results: list[tuple[int, Logprob | None] | None] = [None] * len(seqs)
         if not rows:
             return results
