@@ -1,12 +1,11 @@
 """ModelRunner: the one module that owns tensors: KV caches, batch inputs, the forward pass, sampling.
 
-Runner interface (also what a compiled engine plugs in as): attributes tokenizer, model_name,
-vocab_size, eos_token_ids, max_position_embeddings, num_kv_blocks, block_size; execute(batch) -> one entry per
-scheduled sequence: (token id, Logprob or None) when the sequence reached its last token, else None.
+It implements `runner.Runner` over the paged KV cache (the compiled engine's `CompiledModelRunner` is the other).
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -18,9 +17,9 @@ from inferfleet_runtime.attention import (
     kv_cache_bytes_per_block,
 )
 from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
-from inferfleet_runtime.sequence import Logprob
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # KV budget on a CPU when none is given
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading the weights
@@ -62,7 +61,7 @@ class ModelRunner:
         return max(1, budget // bytes_per_block)
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[tuple[int, Logprob | None] | None]:
+    def execute(self, batch: ScheduledBatch) -> list[Sampled | None]:
         if batch.is_empty:
             return []
         seqs, num_new = batch.seqs, batch.num_new_tokens
@@ -70,28 +69,18 @@ class ModelRunner:
         meta, positions = build_attention_metadata(
             [seq.block_ids for seq in seqs], seq_lens, num_new, self.block_size, self.device
         )
-        # One pass: the new tokens' ids, and which sequences reach their last token (batch.samples) with the
-        # flat index of that token.
         token_ids: list[int] = []
-        rows: list[int] = []
-        last_index: list[int] = []
-        end = 0
-        for i, (seq, n) in enumerate(zip(seqs, num_new)):
-            start = seq.num_computed_tokens
-            token_ids += seq.token_ids[start : start + n]
-            end += n
-            if start + n == len(seq.token_ids):
-                rows.append(i)
-                last_index.append(end - 1)
+        for seq, n in zip(seqs, num_new):
+            token_ids += seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n]
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
         attn = PagedAttention(self.kv_caches, meta, self.ops)
         hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]
-        results: list[tuple[int, Logprob | None] | None] = [None] * len(seqs)
-        if not rows:
-            return results
-        if len(last_index) < hidden.shape[0]:  # else every token is its sequence's last (decode): no gather
-            hidden = hidden[torch.tensor(last_index, dtype=torch.int64, device=self.device)]
-        logits = self.model.compute_logits(hidden)  # [num_rows, vocab] float32
-        for i, sample in zip(rows, self.sampler.sample(logits, [seqs[i] for i in rows])):
-            results[i] = sample
-        return results
+
+        def logits_of(rows: list[int]) -> torch.Tensor:
+            last = hidden
+            if len(rows) < hidden.shape[0]:  # else every token is its sequence's last (decode): no gather
+                ends = list(itertools.accumulate(num_new))  # flat index + 1 of each sequence's last new token
+                last = hidden[torch.tensor([ends[i] - 1 for i in rows], dtype=torch.int64, device=self.device)]
+            return self.model.compute_logits(last)  # [len(rows), vocab] float32
+
+        return sample_last_tokens(batch, self.sampler, logits_of)
