@@ -1,13 +1,32 @@
-"""Paged KV cache layout and the per-step attention metadata shared by the model, engine and kernels."""
+"""Paged KV cache layout, the per-step attention metadata, and the paged attention the model is run with.
+
+The model calls one method of an attention object it is given per step, `forward(layer_index, q, k, v, scale)`;
+`PagedAttention` here is the serving one (the compiled export brings its own, `compiled.step.StaticSlotAttention`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
+from .config import ModelConfig
+from .kernels import KernelOps
+from .kernels.paged_attention import reference_layout
+
 # KV cache of one layer: (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class AttentionBackend(Protocol):
+    """Where a step's keys and values come from and go to; the model's layers call it in order 0..L-1."""
+
+    def forward(
+        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """q [T, Hq, D], k and v [T, Hkv, D] of this step's new tokens, rotated -> out [T, Hq, D] in q's dtype."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -24,13 +43,51 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: offsets of each sequence's new tokens
     max_query_len: int
     max_seq_len: int
-    # Values derived from the fields above once per step and shared by every layer (e.g. the reference
-    # attention's gather layout), filled in by their first user.
-    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+
+class PagedAttention:
+    """One step's attention over the paged cache: each layer writes its new K/V into its cache, then attends.
+
+    Built once per step; what depends on the step and not the layer (the reference's gather rows and mask)
+    is derived here once and shared by every layer.
+    """
+
+    def __init__(self, kv_caches: list[KVCache], meta: AttentionMetadata, ops: KernelOps):
+        self.kv_caches, self.meta, self.ops = kv_caches, meta, ops
+        self.kwargs: dict = {"max_seq_len": meta.max_seq_len}
+        if not meta.is_decode_only:
+            self.kwargs.update(query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len)
+        if ops.backend == "reference":
+            block_size = kv_caches[0][0].shape[1]
+            self.kwargs["layout"] = reference_layout(
+                meta.block_tables, meta.seq_lens, block_size, self.kwargs.get("query_start_loc"), meta.max_seq_len
+            )
+
+    def forward(
+        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        key_cache, value_cache = self.kv_caches[layer_index]
+        self.ops.write_kv(k, v, key_cache, value_cache, self.meta.slot_mapping)
+        return self.ops.paged_attention(
+            q, key_cache, value_cache, self.meta.block_tables, self.meta.seq_lens, scale, **self.kwargs
+        )  # [T, Hq, D]
+
+
+def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, device: torch.device) -> list[KVCache]:
+    """One zeroed (key_cache, value_cache) per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [
+        (torch.zeros(shape, dtype=config.dtype, device=device), torch.zeros(shape, dtype=config.dtype, device=device))
+        for _ in range(config.num_layers)
+    ]
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int) -> int:
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * config.dtype.itemsize
 
 
 def build_attention_metadata(

@@ -10,6 +10,7 @@ from pathlib import Path
 from inferfleet_runtime.block_manager import BlockManager
 from inferfleet_runtime.detokenizer import IncrementalDetokenizer
 from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.runner import Runner, Sampled
 from inferfleet_runtime.sampling import SamplingParams
 from inferfleet_runtime.scheduler import ScheduledBatch, Scheduler
 from inferfleet_runtime.sequence import FinishReason, Logprob, Sequence
@@ -65,7 +66,7 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, runner, config: EngineConfig):
+    def __init__(self, runner: Runner, config: EngineConfig):
         self.runner = runner
         self.config = config
         self.tokenizer = runner.tokenizer
@@ -183,7 +184,7 @@ class LLMEngine:
         return [results[request_id] for request_id in ids]
 
     # -- postprocess --------------------------------------------------------------------------------
-    def _postprocess(self, batch: ScheduledBatch, sampled: list) -> list[RequestOutput]:
+    def _postprocess(self, batch: ScheduledBatch, sampled: list[Sampled | None]) -> list[RequestOutput]:
         self.scheduler.commit(batch)
         changed: dict[str, tuple[_Request, list[Sequence]]] = {}
         requests = self._requests

@@ -1,4 +1,4 @@
-"""Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a paged KV cache."""
+"""Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a KV cache given from outside."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import math
 import torch
 from torch import nn
 
-from .attention import AttentionMetadata, KVCache
+from .attention import AttentionBackend
 from .config import ModelConfig
 from .kernels import KernelOps
-from .kernels.paged_attention import reference_layout
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -42,9 +41,9 @@ def rope_cos_sin_cache(config: ModelConfig, device: torch.device) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps):
+    def __init__(self, config: ModelConfig, ops: KernelOps, layer_index: int):
         super().__init__()
-        self.ops = ops
+        self.ops, self.layer_index = ops, layer_index
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
@@ -53,12 +52,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin_cache: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
+        self, x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -66,35 +60,7 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, Hkv, D]
         q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
-        key_cache, value_cache = kv_cache
-        self.ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        kwargs = (
-            {}
-            if meta.is_decode_only
-            else {"query_start_loc": meta.query_start_loc, "max_query_len": meta.max_query_len}
-        )
-        if self.ops.backend == "reference":
-            # The gather rows and masks depend on the step, not the layer: derived once, shared by all layers.
-            layout = meta.derived.get("reference_layout")
-            if layout is None:
-                layout = meta.derived["reference_layout"] = reference_layout(
-                    meta.block_tables,
-                    meta.seq_lens,
-                    key_cache.shape[1],
-                    kwargs.get("query_start_loc"),
-                    meta.max_seq_len,
-                )
-            kwargs["layout"] = layout
-        out = self.ops.paged_attention(
-            q,
-            key_cache,
-            value_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            self.scale,
-            max_seq_len=meta.max_seq_len,
-            **kwargs,
-        )
+        out = attn.forward(self.layer_index, q, k, v, self.scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, hidden]
 
 
@@ -121,17 +87,17 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps):
+    def __init__(self, config: ModelConfig, ops: KernelOps, layer_index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = Attention(config, ops)
+        self.self_attn = Attention(config, ops, layer_index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.mlp = MLP(config, ops)
 
-    def forward(self, h, residual, positions, cos_sin_cache, kv_cache, meta):
+    def forward(self, h, residual, positions, cos_sin_cache, attn: AttentionBackend):
         # The residual stream is carried separately so each norm fuses the preceding residual add.
         x, residual = self.input_layernorm(h, residual)
-        x = self.self_attn(x, positions, cos_sin_cache, kv_cache, meta)
+        x = self.self_attn(x, positions, cos_sin_cache, attn)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -139,9 +105,9 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, ops: KernelOps):
         super().__init__()
-        self.config = config
+        self.config, self.ops = config, ops
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, ops) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, ops, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -152,32 +118,17 @@ class LlamaModel(nn.Module):
         """Builds the RoPE table on the model's device (call after the weights are in place)."""
         self.cos_sin_cache = rope_cos_sin_cache(self.config, self.embed_tokens.weight.device)
 
-    @torch.inference_mode()
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache], meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """input_ids, positions: [T] int64 -> hidden states [T, hidden] (final norm applied)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: [T] int64 -> hidden states [T, hidden] (final norm applied).
+
+        attn holds the step's KV cache and attention (paged when serving, static slots when exported).
+        """
         h = self.embed_tokens(input_ids)  # [T, hidden]
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, positions, self.cos_sin_cache, kv_cache, meta)
+        for layer in self.layers:
+            h, residual = layer(h, residual, positions, self.cos_sin_cache, attn)
         h, _ = self.norm(h, residual)
         return h
 
-    @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # [N, hidden] -> [N, vocab] float32
-
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
-        """One (key_cache, value_cache) per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
-        c = self.config
-        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        device = self.embed_tokens.weight.device
-        return [
-            (torch.zeros(shape, dtype=c.dtype, device=device), torch.zeros(shape, dtype=c.dtype, device=device))
-            for _ in range(c.num_layers)
-        ]
-
-    def kv_cache_bytes_per_block(self, block_size: int) -> int:
-        c = self.config
-        return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * c.dtype.itemsize

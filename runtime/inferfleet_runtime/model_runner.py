@@ -1,21 +1,25 @@
 """ModelRunner: the one module that owns tensors: KV caches, batch inputs, the forward pass, sampling.
 
-Runner interface (also what a compiled engine plugs in as): attributes tokenizer, model_name,
-vocab_size, eos_token_ids, max_position_embeddings, num_kv_blocks, block_size; execute(batch) -> one entry per
-scheduled sequence: (token id, Logprob or None) when the sequence reached its last token, else None.
+It implements `runner.Runner` over the paged KV cache (the compiled engine's `CompiledModelRunner` is the other).
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
 
-from inferfleet_runtime.attention import build_attention_metadata
+from inferfleet_runtime.attention import (
+    PagedAttention,
+    allocate_kv_cache,
+    build_attention_metadata,
+    kv_cache_bytes_per_block,
+)
 from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
-from inferfleet_runtime.sequence import Logprob
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # KV budget on a CPU when none is given
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading the weights
@@ -23,7 +27,8 @@ DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading t
 
 class ModelRunner:
     def __init__(self, loaded, config: EngineConfig, model_name: str | None = None):
-        self.model = loaded.model
+        self.model, self.ops = loaded.model, loaded.model.ops
+        self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.model_name = model_name or loaded.config.name
@@ -32,7 +37,7 @@ class ModelRunner:
         self.vocab_size = loaded.config.vocab_size
         self.block_size = config.block_size
         self.num_kv_blocks = config.num_kv_blocks or self._num_blocks_for_budget(config)
-        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size)
+        self.kv_caches = allocate_kv_cache(loaded.config, self.num_kv_blocks, self.block_size, self.device)
         self.sampler = Sampler(self.device, seed=config.seed)
 
     @classmethod
@@ -43,7 +48,7 @@ class ModelRunner:
         return cls(loaded, config, model_name)
 
     def _num_blocks_for_budget(self, config: EngineConfig) -> int:
-        bytes_per_block = self.model.kv_cache_bytes_per_block(self.block_size)
+        bytes_per_block = kv_cache_bytes_per_block(self.model_config, self.block_size)
         budget = config.kv_cache_memory
         if budget is None and self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -56,7 +61,7 @@ class ModelRunner:
         return max(1, budget // bytes_per_block)
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[tuple[int, Logprob | None] | None]:
+    def execute(self, batch: ScheduledBatch) -> list[Sampled | None]:
         if batch.is_empty:
             return []
         seqs, num_new = batch.seqs, batch.num_new_tokens
@@ -64,27 +69,18 @@ class ModelRunner:
         meta, positions = build_attention_metadata(
             [seq.block_ids for seq in seqs], seq_lens, num_new, self.block_size, self.device
         )
-        # One pass: the new tokens' ids, and which sequences reach their last token (batch.samples) with the
-        # flat index of that token.
         token_ids: list[int] = []
-        rows: list[int] = []
-        last_index: list[int] = []
-        end = 0
-        for i, (seq, n) in enumerate(zip(seqs, num_new)):
-            start = seq.num_computed_tokens
-            token_ids += seq.token_ids[start : start + n]
-            end += n
-            if start + n == len(seq.token_ids):
-                rows.append(i)
-                last_index.append(end - 1)
+        for seq, n in zip(seqs, num_new):
+            token_ids += seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n]
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-        results: list[tuple[int, Logprob | None] | None] = [None] * len(seqs)
-        if not rows:
-            return results
-        if len(last_index) < hidden.shape[0]:  # else every token is its sequence's last (decode): no gather
-            hidden = hidden[torch.tensor(last_index, dtype=torch.int64, device=self.device)]
-        logits = self.model.compute_logits(hidden)  # [num_rows, vocab] float32
-        for i, sample in zip(rows, self.sampler.sample(logits, [seqs[i] for i in rows])):
-            results[i] = sample
-        return results
+        attn = PagedAttention(self.kv_caches, meta, self.ops)
+        hidden = self.model(input_ids, positions, attn)  # [num_tokens, hidden]
+
+        def logits_of(rows: list[int]) -> torch.Tensor:
+            last = hidden
+            if len(rows) < hidden.shape[0]:  # else every token is its sequence's last (decode): no gather
+                ends = list(itertools.accumulate(num_new))  # flat index + 1 of each sequence's last new token
+                last = hidden[torch.tensor([ends[i] - 1 for i in rows], dtype=torch.int64, device=self.device)]
+            return self.model.compute_logits(last)  # [len(rows), vocab] float32
+
+        return sample_last_tokens(batch, self.sampler, logits_of)

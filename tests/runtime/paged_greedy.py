@@ -6,9 +6,10 @@ import random
 
 import torch
 
-from inferfleet_runtime.attention import build_attention_metadata
+from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
 
 
+@torch.inference_mode()
 def greedy_paged(
     model, prompts: list[list[int]], num_new_tokens: int, block_size: int = 4, chunk_size: int = 5, seed: int = 0
 ) -> list[list[int]]:
@@ -22,7 +23,7 @@ def greedy_paged(
     pool = list(range(1, len(prompts) * blocks_per_seq + 1))  # block 0 stays unused: padding in block tables
     random.Random(seed).shuffle(pool)
     tables = [pool[i * blocks_per_seq : (i + 1) * blocks_per_seq] for i in range(len(prompts))]
-    kv_caches = model.allocate_kv_cache(len(pool) + 1, block_size)
+    kv_caches = allocate_kv_cache(model.config, len(pool) + 1, block_size, model.embed_tokens.weight.device)
     tokens = [list(p) for p in prompts]
     num_computed = [0] * len(prompts)
     outputs: list[list[int]] = [[] for _ in prompts]
@@ -35,7 +36,7 @@ def greedy_paged(
         input_ids = torch.tensor(
             [t for i, q in zip(active, query_lens) for t in tokens[i][num_computed[i] : num_computed[i] + q]]
         )
-        hidden = model(input_ids, positions, kv_caches, meta)
+        hidden = model(input_ids, positions, PagedAttention(kv_caches, meta, model.ops))
         last_rows = meta.query_start_loc[1:].long() - 1
         next_ids = model.compute_logits(hidden[last_rows]).argmax(dim=-1).tolist()
         for i, q, next_id in zip(active, query_lens, next_ids):

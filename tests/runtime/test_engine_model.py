@@ -7,6 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inferfleet_runtime.attention import kv_cache_bytes_per_block
 from inferfleet_runtime.engine import LLMEngine
 from inferfleet_runtime.engine_config import EngineConfig
 from inferfleet_runtime.loader import load_model
@@ -136,7 +137,7 @@ def test_incremental_detokenizer_never_splits_a_character(loaded):
 
 
 def test_kv_pool_is_sized_from_a_memory_budget(loaded):
-    bytes_per_block = loaded.model.kv_cache_bytes_per_block(4)
+    bytes_per_block = kv_cache_bytes_per_block(loaded.config, 4)
     engine = make_engine(loaded, kv_cache_memory=bytes_per_block * 37 + 5)
     assert engine.runner.num_kv_blocks == engine.block_manager.num_blocks == 37
     assert engine.runner.kv_caches[0][0].shape[:2] == (37, 4)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inferfleet_runtime.attention import build_attention_metadata
+from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
 from inferfleet_runtime.config import ConfigError, ModelConfig
 from inferfleet_runtime.device import pick_device
 from inferfleet_runtime.loader import CheckpointError, load_model
@@ -18,10 +18,12 @@ from inferfleet_runtime.tokenizer import Tokenizer, TokenizerError
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 8, 200]
 
 
+@torch.inference_mode()
 def prefill_logits(lm, ids=PROMPT) -> torch.Tensor:
-    kv_caches = lm.model.allocate_kv_cache(4, 8)
+    kv_caches = allocate_kv_cache(lm.config, 4, 8, lm.device)
     meta, positions = build_attention_metadata([[1, 2]], [len(ids)], [len(ids)], 8)
-    return lm.model.compute_logits(lm.model(torch.tensor(ids), positions, kv_caches, meta))
+    attn = PagedAttention(kv_caches, meta, lm.model.ops)
+    return lm.model.compute_logits(lm.model(torch.tensor(ids), positions, attn))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def test_dtype_comes_from_the_flag_over_the_config(gqa_dir):
     lm16 = load_model(gqa_dir, dtype="bfloat16", kernels="reference")
     assert lm16.config.dtype == torch.bfloat16
     assert {p.dtype for p in lm16.model.parameters()} == {torch.bfloat16}
-    assert lm16.model.allocate_kv_cache(2, 4)[0][0].dtype == torch.bfloat16
+    assert allocate_kv_cache(lm16.config, 2, 4, lm16.device)[0][0].dtype == torch.bfloat16
     logits16 = prefill_logits(lm16)
     logits32 = prefill_logits(load_model(gqa_dir, kernels="reference"))
     assert logits16.dtype == torch.float32  # compute_logits always hands back float32

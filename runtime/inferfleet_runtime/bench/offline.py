@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from inferfleet_runtime.attention import kv_cache_bytes_per_block
+
 from .datasets import parse_range, random_requests, token_counter
 
 
@@ -335,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def kv_figures(engine, work: Workload, peak: dict) -> dict:
     block_size = engine.config.block_size
-    bytes_per_token = engine.runner.model.kv_cache_bytes_per_block(block_size) // block_size
+    bytes_per_token = kv_cache_bytes_per_block(engine.runner.model_config, block_size) // block_size
     final_tokens = sum(len(p) + n for p, n in zip(work.prompt_ids, work.output_lens))
     reserved_tokens = len(work.output_lens) * engine.max_model_len
     paged_slots = peak["used_blocks"] * block_size

@@ -29,6 +29,12 @@ from .step import StaticStep, example_inputs
 
 Progress = Callable[[str, int], None]  # (stage, percent 0..100)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_RUNTIME = Path(__file__).parent.parent
+_TRACED_SOURCES = [
+    _RUNTIME / "compiled" / "step.py",
+    _RUNTIME / "model.py",
+    *(_RUNTIME / "kernels" / f"{name}.py" for name in ("rms_norm", "rotary", "activation")),
+]
 
 
 def graph_name(kind: str, bucket: int) -> str:
@@ -37,9 +43,9 @@ def graph_name(kind: str, bucket: int) -> str:
 
 def default_engine_key(model_dir: Path, envelope: Envelope, backend: str, architecture: str) -> str:
     """A content hash over the checkpoint's config and weight sizes, the envelope, the target, the versions and
-    the exported step's source (a changed step is a new compiler)."""
+    the source the export traces (the step, the model and its reference ops: changed code is a new compiler)."""
     files = sorted(p for p in model_dir.iterdir() if p.is_file())
-    step_source = Path(__file__).with_name("step.py").read_bytes()
+    step_source = b"".join(path.read_bytes() for path in _TRACED_SOURCES)
     digest = hashlib.sha256(
         json.dumps(
             {

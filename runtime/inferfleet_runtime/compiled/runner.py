@@ -1,4 +1,4 @@
-"""CompiledModelRunner: the engine's runner interface over a compiled engine's bucket graphs and static KV slots.
+"""CompiledModelRunner: the engine's `runner.Runner` over a compiled engine's bucket graphs and static KV slots.
 
 Each running sequence owns one slot of the static KV buffer for its whole life; the scheduler and
 block manager still decide what runs (their blocks only count capacity: max_batch_size sequences of
@@ -15,9 +15,10 @@ import torch
 
 from inferfleet_runtime.config import ModelConfig
 from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
-from inferfleet_runtime.sequence import Logprob, Sequence, SequenceStatus
+from inferfleet_runtime.sequence import Sequence, SequenceStatus
 from inferfleet_runtime.tokenizer import Tokenizer
 
 from .backends import get_backend
@@ -60,29 +61,24 @@ class CompiledModelRunner:
         self._free_slots = list(range(envelope.max_batch_size - 1, -1, -1))
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[tuple[int, Logprob | None] | None]:
+    def execute(self, batch: ScheduledBatch) -> list[Sampled | None]:
         if batch.is_empty:
             return []
         self._release_done_slots()
         for seq in batch.seqs:
             self._claim_slot(seq)
-        logits_of: dict[int, torch.Tensor] = {}  # index in batch -> logits [vocab]
+        logits_by_row: dict[int, torch.Tensor] = {}  # index in batch -> logits [vocab]
         decode_rows = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
         largest = self.envelope.decode_buckets[-1]
         for start in range(0, len(decode_rows), largest):
             rows = decode_rows[start : start + largest]
             logits = self._run_decode([batch.seqs[i] for i in rows])
-            logits_of.update(zip(rows, logits))
+            logits_by_row.update(zip(rows, logits))
         for i, n in enumerate(batch.num_new_tokens):
             if n > 1:
-                logits_of[i] = self._run_prefill(batch.seqs[i], n)
-        rows = [i for i in range(len(batch.seqs)) if batch.samples(i)]
-        results: list[tuple[int, Logprob | None] | None] = [None] * len(batch.seqs)
-        if rows:
-            logits = torch.stack([logits_of[i] for i in rows])  # [num_rows, vocab] float32
-            for i, sample in zip(rows, self.sampler.sample(logits, [batch.seqs[i] for i in rows])):
-                results[i] = sample
-        return results
+                logits_by_row[i] = self._run_prefill(batch.seqs[i], n)
+        # [num_rows, vocab] float32
+        return sample_last_tokens(batch, self.sampler, lambda rows: torch.stack([logits_by_row[i] for i in rows]))
 
     # -- graphs -------------------------------------------------------------------------------------
     def _run_decode(self, seqs: list[Sequence]) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """StaticStep: one decoder step of the loaded model over static per-slot KV buffers, in shapes fixed per bucket.
 
-The module reuses the runtime model's own submodules and weights (embedding, norms, projections, MLP,
-lm_head, RoPE table) and replaces only attention: instead of paged blocks it reads each sequence's
-slot of a static buffer kv_cache [num_layers, 2, max_batch_size, max_context_length, Hkv, D]. The
-buffer is an input, never written inside the graph: the step returns the new tokens' K/V and the
-runner stores them (one indexed copy for all layers), so every backend sees a pure function.
+The step runs the runtime model's own forward (model.py) with a `StaticSlotAttention` in place of the paged one:
+instead of paged blocks it reads each sequence's slot of a static buffer
+kv_cache [num_layers, 2, max_batch_size, max_context_length, Hkv, D]. The buffer is an input, never written
+inside the graph: the step returns the new tokens' K/V and the runner stores them (one indexed copy for all
+layers), so every backend sees a pure function.
 """
 
 from __future__ import annotations
@@ -15,15 +15,64 @@ from torch import nn
 from inferfleet_runtime.model import LlamaModel
 
 
+class StaticSlotAttention:
+    """One step's attention over static KV slots for a [B, L] grid of new tokens (row b: slot slot_ids[b]).
+
+    Row b's new tokens sit at positions start_pos[b] + 0..L-1, the first num_new[b] real and the rest padding;
+    a query sees its slot's cached keys before start_pos[b] and the real new keys up to itself. The new K/V of
+    every layer are collected in `new_kv` for the runner to store.
+    """
+
+    def __init__(
+        self,
+        kv_cache: torch.Tensor,
+        slot_ids: torch.Tensor,
+        start_pos: torch.Tensor,
+        num_new: torch.Tensor,
+        length: int,
+    ):
+        batch, max_context_length = slot_ids.shape[0], kv_cache.shape[3]
+        self.batch, self.length = batch, length
+        device = kv_cache.device
+        offsets = torch.arange(length, device=device)
+        sees_cache = torch.arange(max_context_length, device=device)[None, :] < start_pos[:, None]  # [B, C]
+        sees_new = (offsets[None, :, None] >= offsets[None, None, :]) & (
+            offsets[None, None, :] < num_new[:, None, None]
+        )  # [B, L, L]
+        self.mask = torch.cat((sees_cache[:, None, :].expand(batch, length, -1), sees_new), dim=-1)  # [B, L, C + L]
+        self.cache = kv_cache[:, :, slot_ids]  # [layers, 2, B, C, Hkv, D]
+        self.new_kv: list[torch.Tensor] = []  # per layer [2, B, L, Hkv, D]
+
+    def forward(
+        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        assert layer_index == len(self.new_kv), "layers run in order, once each"
+        num_tokens, num_heads, head_dim = q.shape
+        batch, length, num_kv_heads = self.batch, self.length, k.shape[1]
+        k = k.view(batch, length, num_kv_heads, head_dim)  # [B, L, Hkv, D]
+        v = v.view(batch, length, num_kv_heads, head_dim)
+        self.new_kv.append(torch.stack((k, v)))
+        keys = torch.cat((self.cache[layer_index, 0], k), dim=1)  # [B, C + L, Hkv, D]
+        values = torch.cat((self.cache[layer_index, 1], v), dim=1)
+        group = num_heads // num_kv_heads
+        if group > 1:  # each kv head serves `group` query heads
+            keys, values = keys.repeat_interleave(group, dim=2), values.repeat_interleave(group, dim=2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.view(batch, length, num_heads, head_dim).float().transpose(1, 2),
+            keys.float().transpose(1, 2),
+            values.float().transpose(1, 2),
+            attn_mask=self.mask[:, None],
+            scale=scale,
+        )  # [B, Hq, L, D]
+        return out.transpose(1, 2).reshape(num_tokens, num_heads, head_dim).to(q.dtype)
+
+
 class StaticStep(nn.Module):
     def __init__(self, model: LlamaModel, max_context_length: int):
         super().__init__()
-        assert model.layers[0].self_attn.ops.backend == "reference", "export traces the torch reference ops"
+        assert model.ops.backend == "reference", "export traces the torch reference ops"
         self.model = model
         self.max_context_length = max_context_length
-        attn = model.layers[0].self_attn
-        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.scale = attn.scale
 
     def forward(
         self,
@@ -36,53 +85,14 @@ class StaticStep(nn.Module):
         """input_ids [B, L] int64: row b holds num_new[b] new tokens (the rest padding) at positions
         start_pos[b] + 0..L-1 of the sequence in slot slot_ids[b]; kv_cache holds positions < start_pos[b].
         Returns logits [B, vocab] float32 at each row's last new token and new_kv [num_layers, 2, B, L, Hkv, D]."""
-        model = self.model
         batch, length = input_ids.shape
         offsets = torch.arange(length, device=input_ids.device)
+        # Padding rows may run past the context; their outputs are dropped, the clamp keeps the RoPE lookup valid.
         positions = (start_pos[:, None] + offsets[None, :]).clamp(max=self.max_context_length - 1)  # [B, L]
-        # Key visibility: cached keys before start_pos; new keys causally, and only real (non-padding) ones.
-        sees_cache = torch.arange(self.max_context_length, device=input_ids.device)[None, :] < start_pos[:, None]
-        sees_new = (offsets[None, :, None] >= offsets[None, None, :]) & (
-            offsets[None, None, :] < num_new[:, None, None]
-        )
-        mask = torch.cat((sees_cache[:, None, :].expand(batch, length, -1), sees_new), dim=-1)  # [B, L, C + L]
-        cache = kv_cache[:, :, slot_ids]  # [layers, 2, B, C, Hkv, D]
-        h = model.embed_tokens(input_ids.reshape(-1))  # [T, hidden], T = B * L
-        residual = None
-        new_kv = []
-        for i, layer in enumerate(model.layers):
-            x, residual = layer.input_layernorm(h, residual)
-            x, k, v = self._attention(layer.self_attn, x, positions, cache[i], mask, batch, length)
-            new_kv.append(torch.stack((k, v)))  # [2, B, L, Hkv, D]
-            x, residual = layer.post_attention_layernorm(x, residual)
-            h = layer.mlp(x)
-        h, _ = model.norm(h, residual)
+        attn = StaticSlotAttention(kv_cache, slot_ids, start_pos, num_new, length)
+        h = self.model(input_ids.reshape(-1), positions.reshape(-1), attn)  # [T, hidden], T = B * L
         last = h.view(batch, length, -1)[torch.arange(batch, device=h.device), num_new - 1]  # [B, hidden]
-        return model.lm_head(last).float(), torch.stack(new_kv)
-
-    def _attention(self, attn, x, positions, layer_cache, mask, batch, length):
-        num_tokens = x.shape[0]
-        q, k, v = attn.qkv_proj(x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = attn.ops.rotary(q, k, positions.reshape(-1), self.model.cos_sin_cache)
-        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
-        v = v.view(batch, length, self.num_kv_heads, self.head_dim)
-        keys = torch.cat((layer_cache[0], k), dim=1)  # [B, C + L, Hkv, D]
-        values = torch.cat((layer_cache[1], v), dim=1)
-        group = self.num_heads // self.num_kv_heads
-        if group > 1:
-            keys, values = keys.repeat_interleave(group, dim=2), values.repeat_interleave(group, dim=2)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.view(batch, length, self.num_heads, self.head_dim).float().transpose(1, 2),
-            keys.float().transpose(1, 2),
-            values.float().transpose(1, 2),
-            attn_mask=mask[:, None],
-            scale=self.scale,
-        )  # [B, Hq, L, D]
-        out = out.transpose(1, 2).reshape(num_tokens, attn.q_size).to(x.dtype)
-        return attn.o_proj(out), k, v
+        return self.model.compute_logits(last), torch.stack(attn.new_kv)
 
 
 def example_inputs(kind: str, bucket: int, kv_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -48,7 +48,7 @@ class ReferenceLayout:
     """What the reference derives from the block tables and lengths alone, the same in every layer of a step:
     build it once per step with `reference_layout` and pass it to every layer's call."""
 
-    rows: torch.Tensor  # [num_seqs * num_keys] int64: flat cache row of each padded key position
+    blocks: torch.Tensor  # [num_seqs * num_blocks] int64: cache block of each sequence's padded block positions
     mask: torch.Tensor  # [num_seqs, 1, max_q, num_keys] float32: 0 for keys a query row sees, else
     # -inf (what SDPA makes of a bool mask, made once instead of per call)
     seq_of_token: torch.Tensor | None  # [num_tokens] int64 (None for decode: token i is sequence i, row 0)
@@ -66,8 +66,7 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
     max_k = int(seq_lens.max()) if max_seq_len is None else int(max_seq_len)
     num_blocks = (max_k + block_size - 1) // block_size
     num_keys = num_blocks * block_size
-    blocks = block_tables[:, :num_blocks].long()
-    rows = (blocks[:, :, None] * block_size + torch.arange(block_size, device=device)).reshape(-1)
+    blocks = block_tables[:, :num_blocks].reshape(-1).long()
     if query_start_loc is None:
         q_lens = torch.ones(num_seqs, dtype=torch.int64, device=device)
         max_q, seq_of_token, row_of_token = 1, None, None
@@ -86,7 +85,7 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
     mask = k_pos[None, None, :] <= q_pos[:, :, None]
     mask |= (k_pos == 0)[None, None, :]
     bias = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill_(~mask, float("-inf"))
-    return ReferenceLayout(rows, bias[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
+    return ReferenceLayout(blocks, bias[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
 
 
 def paged_attention_reference(
@@ -101,7 +100,8 @@ def paged_attention_reference(
     max_seq_len=None,
     layout: ReferenceLayout | None = None,
 ):
-    """The spec. Vectorised over sequences: gathers each sequence's blocks, pads to the longest.
+    """The spec. Vectorised over sequences: gathers each sequence's blocks (whole blocks, one copy of
+    block_size * Hkv * D elements each), pads to the longest.
 
     layout: `reference_layout(...)` of these block tables and lengths, when the caller shares one across layers.
     """
@@ -112,11 +112,9 @@ def paged_attention_reference(
     if layout is None:
         layout = reference_layout(block_tables, seq_lens, block_size, query_start_loc, max_seq_len)
     num_seqs, max_q, num_keys = layout.num_seqs, layout.max_q, layout.num_keys
-    # k, v: [num_seqs, num_keys, Hkv, D]
-    k = key_cache.reshape(-1, num_kv_heads, head_dim).index_select(0, layout.rows)
-    v = value_cache.reshape(-1, num_kv_heads, head_dim).index_select(0, layout.rows)
-    k = k.view(num_seqs, num_keys, num_kv_heads, head_dim)
-    v = v.view(num_seqs, num_keys, num_kv_heads, head_dim)
+    # k, v: [num_seqs * num_blocks, block_size, Hkv, D] -> [num_seqs, num_keys, Hkv, D]
+    k = key_cache.index_select(0, layout.blocks).view(num_seqs, num_keys, num_kv_heads, head_dim)
+    v = value_cache.index_select(0, layout.blocks).view(num_seqs, num_keys, num_kv_heads, head_dim)
     # The flat queries as [num_seqs, max_q, Hq, D].
     if layout.seq_of_token is None:
         q = query.view(num_seqs, 1, num_q_heads, head_dim)

@@ -5,19 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferfleet_runtime.attention import build_attention_metadata
+from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
 from inferfleet_runtime.compiled.step import StaticStep
 from inferfleet_runtime.loader import load_model
 
 CONTEXT, SLOTS = 48, 3
 
 
+@torch.inference_mode()
 def _paged_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits [len(tokens), vocab] of every position, from one paged prefill."""
     n = len(tokens)
-    kv = model.allocate_kv_cache(-(-n // 16) + 1, 16)
+    kv = allocate_kv_cache(model.config, -(-n // 16) + 1, 16, torch.device("cpu"))
     meta, positions = build_attention_metadata([list(range(1, -(-n // 16) + 1))], [n], [n], 16)
-    return model.compute_logits(model(torch.tensor(tokens), positions, kv, meta))
+    return model.compute_logits(model(torch.tensor(tokens), positions, PagedAttention(kv, meta, model.ops)))
 
 
 @pytest.mark.slow
