@@ -6,7 +6,7 @@ source "$(dirname "$0")/lib.sh"
 state=${INFERFLEET_KIND_STATE:-$root/e2e/.state-kind}
 cluster=${INFERFLEET_KIND_CLUSTER:-inferfleet-$(echo "$root" | sha256sum | cut -c1-6)}
 node_bin=$(bash "$here/node-bins.sh")
-if "$node_bin/kind" get clusters 2>/dev/null | grep -qxF "$cluster"; then
+if has_kind_cluster "$node_bin/kind" "$cluster"; then
   "$node_bin/kind" delete cluster --name "$cluster" >&2
 fi
 rm -rf "$state"

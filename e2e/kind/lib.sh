@@ -25,3 +25,11 @@ needs_unprivileged_workaround() {
 unprivileged_run_flags=(--cap-add=ALL --cap-drop=SYS_RESOURCE --security-opt seccomp=unconfined
   --security-opt apparmor=unconfined --security-opt systempaths=unconfined
   "--device-cgroup-rule=a *:* rwm" --device=/dev/kmsg)
+
+# Whether kind lists the cluster. The listing is read whole first: `kind get clusters | grep -q` under pipefail
+# fails when grep exits at the first match while kind still writes (SIGPIPE), which happens with two clusters.
+has_kind_cluster() {
+  local kind_bin=$1 name=$2 clusters
+  clusters=$("$kind_bin" get clusters 2>/dev/null) || return 1
+  grep -qxF "$name" <<<"$clusters"
+}

@@ -34,7 +34,7 @@ if needs_unprivileged_workaround "$node_image"; then
 fi
 
 node="$cluster-control-plane"
-if "${kind[@]}" get clusters 2>/dev/null | grep -qxF "$cluster"; then
+if has_kind_cluster "${kind[@]}" "$cluster"; then
   if [ "$(docker inspect -f '{{.Config.Image}}' "$node" 2>/dev/null)" = "$node_image" ] &&
      [ "$(docker inspect -f '{{.State.Running}}' "$node" 2>/dev/null)" = true ] &&
      "${kind[@]}" get kubeconfig --name "$cluster" > "$state/kubeconfig" 2>/dev/null &&
@@ -45,7 +45,7 @@ if "${kind[@]}" get clusters 2>/dev/null | grep -qxF "$cluster"; then
     "${kind[@]}" delete cluster --name "$cluster" >&2
   fi
 fi
-if ! "${kind[@]}" get clusters 2>/dev/null | grep -qxF "$cluster"; then
+if ! has_kind_cluster "${kind[@]}" "$cluster"; then
   step "Creating kind cluster $cluster"
   {
     echo "kind: Cluster"
@@ -75,11 +75,14 @@ if ! docker image inspect "$kwok_image" >/dev/null 2>&1; then
 fi
 for image in "$operator_image" "$kwok_image" "$runtime_image"; do
   id=$(docker image inspect -f '{{.Id}}' "$image")
-  if docker exec "$node" crictl inspecti -q "docker.io/$image" 2>/dev/null | grep -qF "$id"; then
+  # Read whole before grep, as in has_kind_cluster: an early grep exit would fail the pipe and reload the image.
+  present=$(docker exec "$node" crictl inspecti -q "docker.io/$image" 2>/dev/null || true)
+  if grep -qF "$id" <<<"$present"; then
     log "  $image: present"
   else
     t=$(date +%s)
-    "${kind[@]}" load docker-image --name "$cluster" "$image" >/dev/null 2>&1
+    "${kind[@]}" load docker-image --name "$cluster" "$image" >/dev/null 2>"$state/load.err" ||
+      { log "  $image: kind load failed (free disk: $(df -h --output=avail "$state" | tail -1)): $(tail -3 "$state/load.err")"; exit 1; }
     log "  $image: loaded in $(( $(date +%s) - t )) s"
   fi
 done

@@ -210,6 +210,14 @@ def _serve_limit_args(envelope) -> list[str]:
     ]  # fmt: skip
 
 
+# A removed serving pod keeps accepting connections this long after it starts terminating: the Service's endpoints
+# and every node's kube-proxy rules drop it within about a second, and until then new connections still reach it
+# (without the wait a scale-down refused some, measured on kind). Then SIGTERM: the server stops listening and
+# finishes the requests in flight, within the grace period.
+PRE_STOP_SLEEP_SECONDS = 10
+TERMINATION_GRACE_SECONDS = 120  # the wait above plus 110 s for the requests in flight to finish
+
+
 def _probe(path: str, period: int, failures: int) -> dict:
     return {
         "httpGet": {"path": path, "port": "http"},
@@ -268,6 +276,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         "startupProbe": _probe("/health", 10, 120),
         "livenessProbe": _probe("/health", 10, 3),
         "readinessProbe": _probe("/ready", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}},
         "securityContext": _container_security(),
         "volumeMounts": mounts,
     }
@@ -276,6 +285,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "containers": [container],
         "volumes": volumes,
     }

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import yaml
 
+from inferfleet_operator.api import PlanSettings
+from inferfleet_operator.manifests import COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER
+
 CHART = Path(__file__).resolve().parents[2] / "charts" / "inferfleet"
 NAMESPACE = "inferfleet-system"  # the namespace and release name the `render` fixture uses
 RELEASE = "fleet"
@@ -190,7 +193,16 @@ def test_network_policy_is_off_by_default_and_limits_traffic_to_api_and_dns(rend
         {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [scraper]},
     ]
     egress_ports = sorted((p["port"], p["protocol"]) for rule in spec["egress"] for p in rule["ports"])
-    assert egress_ports == [(53, "TCP"), (53, "UDP"), (443, "TCP"), (6443, "TCP")]
+    assert egress_ports == [(53, "TCP"), (53, "UDP"), (443, "TCP"), (6443, "TCP"), (8000, "TCP")]
+    # The autoscaler's scrape: the serving pods the operator made, in every namespace, on the serving port.
+    [scrape] = [rule for rule in spec["egress"] if rule.get("to")]
+    assert scrape["to"] == [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {MANAGED_BY_LABEL: MANAGER, COMPONENT_LABEL: "server"}},
+        }
+    ]
+    assert scrape["ports"] == [{"port": PlanSettings().port, "protocol": "TCP"}]
 
 
 def test_service_account_can_be_brought_by_the_user(render, one, of_kind, refuse):

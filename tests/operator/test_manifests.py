@@ -96,6 +96,14 @@ def test_serving_pods_are_restricted_probed_and_pinned(deployment):
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=lambda d: d["metadata"]["name"])
+def test_a_removed_serving_pod_keeps_listening_until_the_service_has_dropped_it(deployment):
+    pod = deployment["spec"]["template"]["spec"]
+    wait = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert wait > 0  # the kubelet's own sleep: no shell or binary needed in the image
+    assert pod["terminationGracePeriodSeconds"] > wait  # room left for the requests in flight after SIGTERM
+
+
 def test_pool_with_a_common_product_label_is_pinned_by_it_else_by_node_names():
     nv = SCENARIO["deployment-llama-nvidia-h100-80gb-hbm3"]["spec"]["template"]["spec"]["affinity"]
     term = nv["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
