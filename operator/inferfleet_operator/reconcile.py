@@ -132,44 +132,61 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             desired, cache.fresher(BUILD_KIND, live_builds.get(build_name), namespace, build_name)
         )
 
-    # Status next, before the children: it is computed from what was read, not from what the
-    # applies return, and it is what records this service's references to its builds (a build
-    # reconcile that runs meanwhile must not see them unreferenced). Refused writes of earlier
-    # reconciles are in it, so a retry that is refused alike writes no status.
+    # The status write, the children's applies and the InferencePool's go out side by side, after the
+    # builds: the status is computed from what was read, not from what the applies return, and it is
+    # what records this service's references to its builds (a build reconcile that runs meanwhile must
+    # not see them unreferenced), so it may not go before them, and nothing orders it against the
+    # children. One after the other, a first rollout held its work-queue slot for one round trip per
+    # write (4–5 in a row). Refused writes of earlier reconciles are in the status, so a retry that is
+    # refused alike writes no status.
     status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
     is_changed = not _same(status, service.get("status") or {})
-    # The Events go out beside the status write and the children's applies: they are a person's record,
-    # never an input of a write, and posting them after the writes held the reconcile's work-queue slot
-    # one more round trip per Event (at 200 nodes × 100 services, Events were two fifths of the
-    # operator's requests). A write that fails is retried with the same Events, which are not posted again.
+    # The Events go out beside the writes: they are a person's record, never an input of a write, and
+    # posting them after the writes held the reconcile's slot one more round trip per Event (at 200
+    # nodes × 100 services, Events were two fifths of the operator's requests). A write that fails is
+    # retried with the same Events, which are not posted again.
     posting = asyncio.ensure_future(ctx.events.post(service, _to_post(events, num_changes + is_changed), "Reconcile"))
+
+    async def write_status() -> int:
+        if not is_changed:
+            return 0
+        cache.remember(await ctx.kube.apply_status(service, status))
+        return 1
+
+    async def apply_routing() -> int:
+        try:
+            return await reconcile_routing.apply(ctx, service, routed)
+        except ApiError as error:
+            logger.error("Failed to apply InferencePool %s/%s: %s", namespace, name, error)
+            failures.append(error)
+            return 0
+
+    async def delete_child(kind: str, meta: dict) -> int:
+        if await ctx.kube.delete(KINDS[kind].api_version, kind, namespace, meta["name"], uid=meta.get("uid")):
+            logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
+            return 1
+        return 0
+
     try:
-        if is_changed:
-            cache.remember(await ctx.kube.apply_status(service, status))
-            num_changes += 1
         desired_names: dict[str, set[str]] = {kind: set() for kind in CHILD_INDEXES}
+        writes = [write_status(), apply_routing()]
         for desired in plan.children:
             kind, child_name = desired["kind"], desired["metadata"]["name"]
             desired_names.setdefault(kind, set()).add(child_name)
             index = CHILD_INDEXES.get(kind)
             live = _find(cache.values(index, (namespace, name)), child_name) if index else None
             pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
-            num_changes += await apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool)
+            writes.append(apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool))
+        num_changes += await _all(writes)
 
-        try:
-            num_changes += await reconcile_routing.apply(ctx, service, routed)
-        except ApiError as error:
-            logger.error("Failed to apply InferencePool %s/%s: %s", namespace, name, error)
-            failures.append(error)
-
-        for kind, index in CHILD_INDEXES.items():
-            for child in cache.values(index, (namespace, name)):
-                meta = child["metadata"]
-                if meta["name"] in desired_names[kind] or meta.get("deletionTimestamp"):
-                    continue
-                if await ctx.kube.delete(KINDS[kind].api_version, kind, namespace, meta["name"], uid=meta.get("uid")):
-                    logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
-                    num_changes += 1
+        # Children no longer planned are deleted once the planned ones are applied.
+        stale = [
+            (kind, child["metadata"])
+            for kind, index in CHILD_INDEXES.items()
+            for child in cache.values(index, (namespace, name))
+            if child["metadata"]["name"] not in desired_names[kind] and not child["metadata"].get("deletionTimestamp")
+        ]
+        num_changes += await _all([delete_child(kind, meta) for kind, meta in stale])
 
         if refused != cache.refused.get(owner, {}):  # a write newly refused, or one that now went through
             if refused:
@@ -188,6 +205,16 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     if failures:
         raise failures[0]  # retried by the work queue after its error delay (a backoff)
     return plan.requeue_after
+
+
+async def _all(writes: list) -> int:
+    """Runs the writes side by side and sums what they wrote. Every write finishes before the first
+    exception (if any) is raised, so none is left running when the reconcile ends."""
+    results = await asyncio.gather(*writes, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return sum(results)
 
 
 def _to_post(events: list, num_changes: int) -> list:
