@@ -369,8 +369,8 @@ def events(cluster, namespace: str, name: str) -> list[dict]:
 
 
 def drain(cluster, timeout: float = 180) -> None:
-    """Waits until no InferenceService or EngineBuild is left in a terminating namespace: the
-    operator removes its finalizer from them, so it must outlive their namespaces."""
+    """Waits until no InferenceService or EngineBuild is left in a terminating namespace (the objects
+    carry no finalizer of the operator's; this waits out the namespace controller)."""
 
     def terminating() -> list[str]:
         names = cluster.kubectl(

@@ -395,7 +395,6 @@ def test_operator_with_the_chart_service_account_reconciles_a_service(cluster: C
         # The endpoint the chart's probes call, on the port the chart passes with --health-port.
         with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as response:
             assert response.status == 200
-        # Deleted while the operator runs, so that it removes its finalizer (else the CRDs could not go).
         cluster.kubectl("delete", "inferenceservice", "demo", "-n", workload, "--timeout=60s")
     finally:
         operator.terminate()

@@ -178,3 +178,30 @@ def test_an_operator_killed_mid_rollout_converges_after_restart_without_duplicat
     assert serves_engine(cluster.get("deployment", f"phoenix-{H100}", ns), key)
     assert operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService") > 0
     assert operator.metric("inferfleet_operator_engine_builds", state="Ready") >= 1
+
+
+def test_no_finalizer_is_put_on_services_or_builds_so_they_delete_without_the_operator(cluster, ns, operator):
+    # The resync is the work queue's requeue, not a kopf timer (kopf puts its finalizer on every object a
+    # timer runs for): with the operator stopped, a delete completes at once.
+    cluster.apply(service_manifest("loose", placement=ON_H100, pools={H100: 1}), namespace=ns)
+    wait_for(
+        lambda: pool_status(cluster, ns, "loose").get(H100, {}).get("engineBuild"),
+        timeout=60,
+        message="the service's status naming its EngineBuild",
+    )
+    before = operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
+    wait_for(
+        lambda: operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService") >= before + 2,
+        timeout=30,
+        message="two more service reconciles (resyncs at least)",
+    )
+    operator.kill()
+    try:
+        objects = [cluster.get("inferenceservice", "loose", ns), *cluster.items("enginebuilds", ns)]
+        assert len(objects) == 2
+        assert [o["metadata"].get("finalizers") for o in objects] == [None, None]
+        cluster.kubectl("delete", "inferenceservice", "loose", "-n", ns, "--timeout=30s", timeout=45)
+        cluster.kubectl("delete", "enginebuilds", "--all", "-n", ns, "--timeout=30s", timeout=45)
+        assert cluster.get("inferenceservice", "loose", ns) is None and not cluster.items("enginebuilds", ns)
+    finally:
+        operator.start()

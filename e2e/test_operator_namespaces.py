@@ -34,7 +34,6 @@ def test_an_operator_for_one_namespace_ignores_the_others(cluster: Cluster, name
         assert cluster.get("deployment", "scoped-cpu-amd64", other) is None
         assert not (cluster.get("inferenceservice", "scoped", other) or {}).get("status")
     finally:
-        # While the operator runs, so that it removes its finalizer.
         cluster.kubectl("delete", "inferenceservice", "scoped", "-n", namespace, "--timeout=30s")
         process.stop()
         cluster.delete_namespace(other)

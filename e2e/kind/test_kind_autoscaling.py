@@ -110,8 +110,8 @@ def operator_release(kind_cluster, release):
 
 @pytest.fixture(scope="module")
 def namespace(kind_cluster, operator_release, serve_ns):
-    """The serving namespace; afterwards its InferenceServices are deleted while the operator still runs (its
-    finalizer), before the namespace and the release go, the order the README gives for an uninstall."""
+    """The serving namespace; afterwards its InferenceServices are deleted (their serving pods go with
+    them), before the namespace and the release go."""
     yield serve_ns
     kind_cluster.kubectl("delete", "infsvc", "--all", "-n", serve_ns, "--wait=true", "--timeout=120s", timeout=150)
 

@@ -519,8 +519,8 @@ def test_envelope_change_builds_a_new_engine_while_the_old_one_answers_every_req
 
 def test_helm_uninstall_removes_what_the_operator_created(kind_cluster, release, serve_ns):
     assert kind_cluster.items("deployments", serve_ns, MANAGED)  # there is something to remove
-    # The README's order: InferenceServices and EngineBuilds first (kopf's finalizer needs the operator), then
-    # the release; with crds.keep=false the uninstall takes the CRDs, and with them the runtimes.
+    # InferenceServices and EngineBuilds first (their children go by ownerReferences), then the release;
+    # with crds.keep=false the uninstall takes the CRDs, and with them the runtimes.
     for kind in ("infsvc", "enginebuilds"):
         kind_cluster.kubectl("delete", kind, "--all", "-n", serve_ns, "--wait=true", "--timeout=120s", timeout=150)
     kind_cluster.helm("uninstall", release["name"], "--namespace", release["namespace"], "--wait", timeout=300)

@@ -3,8 +3,7 @@
 The handlers are module-level functions, and `register` attaches them to the kopf.OperatorRegistry that
 main.py builds for the process. kopf's decorators used bare at module level would register into kopf's
 process-wide default registry at import time: global state, and fixed before the flags are parsed, while
-two registrations depend on them (the resync timers' interval, --resync-seconds, and whether the
-InferencePool CRD is watched, --inference-pools). Namespaces are kopf.run's arguments and the server-side
+one registration depends on them (whether the InferencePool CRD is watched, --inference-pools). Namespaces are kopf.run's arguments and the server-side
 label selectors are settings (apply_settings), so neither depends on how the handlers are registered.
 What a handler needs at run time (config, metrics, the reconcile context, the work queue) is in kopf's memo:
 main.py puts config and metrics there, and startup adds the rest.
@@ -169,10 +168,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         is_pool_crd = {"when": lambda name, **_: name == POOL_CRD}
         kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", **is_pool_crd, **on)(pool_crd_event)
 
-    # Level-triggered safety net: every object is reconciled at least every resync interval.
-    every = {"interval": config.resync_seconds}
-    kopf.timer(*_resource(SERVICE_KIND), id="service_resync", **every, **on)(service_resync)
-    kopf.timer(*_resource(BUILD_KIND), id="build_resync", **every, **on)(build_resync)
+    # The level-triggered safety net (a reconcile of every object at least every --resync-seconds) is
+    # the work queue's own requeue (_work), not kopf.timer: kopf puts a finalizer on every object a
+    # timer runs for, one more write per object on create and on delete, and deletions that wait for
+    # a running operator.
 
 
 # ------------------------------------------------------------------ settings and lifecycle
@@ -374,14 +373,6 @@ async def pool_crd_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -
     _enqueue_all_services(memo, service_index)
 
 
-async def service_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.queue.enqueue((SERVICE_KIND, namespace, name), 0.0)
-
-
-async def build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.queue.enqueue((BUILD_KIND, namespace, name), 0.0)
-
-
 def _readiness_changed(memo: kopf.Memo, type: str, body: Mapping[str, Any]) -> bool:
     """Whether a Deployment's ready replica count moved since its last event (0 before the first):
     such a change may finish its service's rollout, so the service takes the work queue's fast lane."""
@@ -399,12 +390,24 @@ def _enqueue_all_services(memo: kopf.Memo, service_index: kopf.Index) -> None:
 
 
 async def _work(ctx: Context, key: tuple[str, str, str]) -> float | None:
+    """Reconciles one object; seconds until its next reconcile: what the reconcile asked for, and at most
+    --resync-seconds while the object exists (the level-triggered safety net)."""
     kind, namespace, name = key
     ctx.metrics.reconciles.labels(kind).inc()
     with ctx.metrics.duration.labels(kind).time():
         if kind == SERVICE_KIND:
-            return await reconcile.reconcile_service(ctx, namespace, name)
-        return await reconcile.reconcile_build(ctx, namespace, name)
+            after = await reconcile.reconcile_service(ctx, namespace, name)
+        else:
+            after = await reconcile.reconcile_build(ctx, namespace, name)
+    if not _exists(ctx.cache, kind, namespace, name):
+        return after
+    return ctx.config.resync_seconds if after is None else min(after, ctx.config.resync_seconds)
+
+
+def _exists(cache: ReadCache, kind: str, namespace: str, name: str) -> bool:
+    if kind == SERVICE_KIND:
+        return bool(cache.values(SERVICES, (namespace, name)))
+    return any(b["metadata"]["name"] == name for b in cache.values(BUILDS, namespace))
 
 
 def _failed(metrics: Metrics, key: tuple[str, str, str], error: BaseException) -> None:

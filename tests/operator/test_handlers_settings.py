@@ -158,9 +158,9 @@ def test_the_inference_pool_crd_is_watched_only_when_inference_pools_are_on():
     assert "customresourcedefinitions" not in watched(["--inference-pools=disabled"])
 
 
-def test_every_module_level_handler_is_registered_and_timers_tick_at_the_resync_interval():
+def test_every_module_level_handler_is_registered_and_none_needs_a_finalizer():
     registry = kopf.OperatorRegistry()
-    register(registry, parse_args(["--resync-seconds=7"], default_instance="x"))
+    register(registry, parse_args([], default_instance="x"))
     kinds = (registry._activities, registry._indexing, registry._watching, registry._spawning)
     registered = {h.fn for kind in kinds for h in kind.get_all_handlers()}
     defined = {
@@ -169,10 +169,10 @@ def test_every_module_level_handler_is_registered_and_timers_tick_at_the_resync_
         if inspect.iscoroutinefunction(fn) and not name.startswith("_") and fn.__module__ == handlers.__name__
     }
     assert defined and defined == registered
-    assert {h.id: h.interval for h in registry._spawning.get_all_handlers()} == {
-        "service_resync": 7.0,
-        "build_resync": 7.0,
-    }
+    # No timer or daemon: kopf would put its finalizer on every object one runs for (a write per object on
+    # create and on delete); the resync is the work queue's requeue (test_the_work_queue_resyncs_...).
+    assert not registry._spawning.get_all_handlers()
+    assert not any(getattr(h, "requires_finalizer", None) for kind in kinds for h in kind.get_all_handlers())
 
 
 def test_no_handler_needs_kopfs_diff_base_so_none_is_built():
