@@ -3,8 +3,9 @@
 The official loader handles what kubeconfigs carry in practice: exec plugins (EKS, GKE, AKS; re-run when
 their credential expires), `tokenFile`, paths relative to the kubeconfig's folder, inline data, `proxy-url`,
 `tls-server-name`, client certificates; and in a pod the ServiceAccount token, re-read as the kubelet
-rotates it. This module turns its `Configuration` into what the two HTTP stacks need: an SSL context, a proxy
-and an Authorization header computed per request (httpx for the write path, aiohttp for kopf's watches).
+rotates it. This module turns its `Configuration` into the operator's one HTTP stack: an aiohttp session
+(kopf's watches and the write path, kube.py) with its SSL context, proxy and an Authorization header computed
+per request.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class CredentialsError(RuntimeError):
 class _NamedServerContext(ssl.SSLContext):
     """An SSL context that sends and verifies `tls_server_name` instead of the host dialled (kubeconfig
     `tls-server-name`: an API server reached by IP or through a tunnel whose certificate names another host).
-    Both asyncio (aiohttp) and anyio (httpx) open TLS through wrap_bio; wrap_socket covers blocking clients."""
+    asyncio (aiohttp) opens TLS through wrap_bio; wrap_socket covers blocking clients."""
 
     tls_server_name: str | None = None
 
@@ -132,16 +133,32 @@ class Credentials:
             context.load_cert_chain(c.cert_file, c.key_file)
         return context
 
-    def aiohttp_session(self):
-        """An aiohttp session for kopf (returned by the login handler as kopf.AiohttpSession): same TLS,
-        proxy and per-request Authorization as the write path. Call it inside the event loop that uses it."""
+    def aiohttp_session(self, timeout: float | None = None):
+        """An aiohttp session for kopf's watches (returned by the login handler as kopf.AiohttpSession) and
+        for the write path (kube.Kube.connect): TLS and proxy from the credentials, an Authorization header
+        set on each request (the official loader refreshes an expired exec-plugin credential or a rotated
+        ServiceAccount token when asked). A 401 loads the credentials again once and retries (a credential
+        revoked early, or an exec plugin that states no expiry), as kopf does. `timeout`: seconds per
+        request (None: none, for watches). Call it inside the event loop that uses it."""
         import aiohttp
 
+        current = [self]
+
         async def authorize(request: aiohttp.ClientRequest, handler):
-            if header := self.authorization():
+            if header := current[0].authorization():
+                request.headers["Authorization"] = header
+            response = await handler(request)
+            if response.status != 401:
+                return response
+            response.release()
+            current[0] = current[0].reloaded()
+            if header := current[0].authorization():
                 request.headers["Authorization"] = header
             return await handler(request)
 
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()), proxy=self.proxy, middlewares=(authorize,)
+            connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()),
+            proxy=self.proxy,
+            middlewares=(authorize,),
+            timeout=aiohttp.ClientTimeout(total=timeout),
         )

@@ -1,4 +1,5 @@
-"""credentials.py: kubeconfigs as clusters hand them out, loaded by the official client, used by both HTTP stacks.
+"""credentials.py: kubeconfigs as clusters hand them out, loaded by the official client, used by the operator's
+aiohttp sessions (the write path, kube.Kube.connect, and kopf's watches).
 
 A real TLS server on loopback (certificate for a name that is not the address dialled) stands in for the API
 server; it records each request's Authorization header. A small CONNECT proxy stands in for `proxy-url`.
@@ -18,11 +19,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
+import aiohttp
 import pytest
 import yaml
 
-from inferfleet_operator import kube
 from inferfleet_operator.credentials import Credentials, CredentialsError
 from inferfleet_operator.kube import Kube
 
@@ -90,11 +90,13 @@ def pki(tmp_path_factory) -> Path:
 
 
 class ApiServer:
-    """Answers every GET with NODE over TLS and records (path, Authorization, SNI)."""
+    """Answers every GET with NODE over TLS (401 for an Authorization in `refused`) and records
+    (path, Authorization, SNI)."""
 
     def __init__(self, pki: Path):
         self.seen: list[tuple[str, str | None, str | None]] = []
-        seen = self.seen
+        self.refused: set[str] = set()
+        seen, server = self.seen, self
         sni: dict[str, str | None] = {}
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,8 +107,9 @@ class ApiServer:
 
             def do_GET(self):
                 seen.append((self.path, self.headers.get("Authorization"), sni.get("name")))
-                body = json.dumps(NODE).encode()
-                self.send_response(200)
+                refused = self.headers.get("Authorization") in server.refused
+                body = json.dumps({"kind": "Status", "reason": "Unauthorized"} if refused else NODE).encode()
+                self.send_response(401 if refused else 200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -252,7 +255,7 @@ def test_relative_ca_path_tls_server_name_and_token_file_authenticate_both_clien
 
 def test_without_tls_server_name_the_certificate_does_not_match_the_address(api, pki, tmp_path):
     path = _kubeconfig(tmp_path, {"server": api.url, "certificate-authority": str(pki / "ca.crt")}, {"token": "t"})
-    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+    with pytest.raises(aiohttp.ClientConnectorCertificateError, match="CERTIFICATE_VERIFY_FAILED"):
         _get_node(Credentials.load(str(path)))
     assert api.seen == []
 
@@ -270,23 +273,20 @@ def test_exec_plugin_credential_is_used_and_run_again_once_expired(api, pki, tmp
     assert tokens[2] != tokens[3] and all(t.startswith("Bearer exec-token-") for t in tokens[2:])
 
 
-def test_a_refused_credential_is_loaded_again_once_and_the_request_retried(tmp_path):
-    cluster = {"server": "https://api.test", "insecure-skip-tls-verify": True}
+def test_a_refused_credential_is_loaded_again_once_and_the_request_retried(api, pki, tmp_path):
+    cluster = {"server": api.url, "certificate-authority-data": _b64(pki / "ca.crt"), "tls-server-name": SERVER_NAME}
     credentials = Credentials.load(str(_kubeconfig(tmp_path, cluster, _exec_plugin(tmp_path, expired=False))))
-    seen = []
+    api.refused.add("Bearer exec-token-1")  # revoked before the expiry the plugin stated
 
-    def handler(request):
-        seen.append(request.headers["authorization"])
-        # The first credential was revoked before the expiry the plugin stated.
-        return httpx.Response(401 if seen[-1] == "Bearer exec-token-1" else 200, json=NODE)
+    async def go():
+        client = Kube.connect(credentials)
+        try:
+            return [await client.get("v1", "Node", None, "n1") for _ in range(2)]
+        finally:
+            await client.close()
 
-    http = httpx.AsyncClient(
-        base_url=credentials.server, transport=httpx.MockTransport(handler), auth=kube._CredentialsAuth(credentials)
-    )
-    client = Kube(http)
-    assert asyncio.run(client.get("v1", "Node", None, "n1")) == NODE
-    assert asyncio.run(client.get("v1", "Node", None, "n1")) == NODE
-    assert seen == ["Bearer exec-token-1", "Bearer exec-token-2", "Bearer exec-token-2"]
+    assert asyncio.run(go()) == [NODE, NODE]
+    assert [auth for _, auth, _ in api.seen] == ["Bearer exec-token-1", "Bearer exec-token-2", "Bearer exec-token-2"]
 
 
 def test_proxy_url_carries_both_clients_through_the_proxy(api, pki, tmp_path):

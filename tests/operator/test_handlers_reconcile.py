@@ -8,8 +8,9 @@ import json
 import re
 
 import httpx
+from fake_transport import HttpxTransport
 
-from inferfleet_operator import cache, names, reconcile
+from inferfleet_operator import cache, handlers, names, reconcile
 from inferfleet_operator.kube import Kube
 from inferfleet_operator.metrics import Metrics
 from inferfleet_operator.settings import OperatorConfig
@@ -200,8 +201,7 @@ class World:
         for service in services:
             meta = service["metadata"]
             self.api.objects[("InferenceService", meta["namespace"], meta["name"])] = service
-        http = httpx.AsyncClient(base_url="https://api.test", transport=httpx.MockTransport(self.api.handle))
-        self.kube = Kube(http)
+        self.kube = Kube(HttpxTransport(self.api.handle))
         self.indices = {}
         self.sync()
         config = OperatorConfig(build_retention_seconds=60)
@@ -326,7 +326,7 @@ def test_a_child_edited_by_hand_is_put_back_with_a_forced_apply():
         requests.append(request)
         return original(request)
 
-    world.kube._http._transport = httpx.MockTransport(spy)
+    world.kube._transport.handle_with(spy)
     world.reconcile()
     (patch,) = [r for r in requests if r.method == "PATCH"]
     assert patch.url.params["force"] == "true"
@@ -515,8 +515,8 @@ def _refuse(world, kind, message):
             return httpx.Response(422, json={"reason": "Invalid", "message": message})
         return original(request)
 
-    world.kube._http._transport = httpx.MockTransport(handle)
-    return lambda: setattr(world.kube._http, "_transport", httpx.MockTransport(original))
+    world.kube._transport.handle_with(handle)
+    return lambda: world.kube._transport.handle_with(original)
 
 
 def test_a_refused_child_is_in_status_and_a_warning_event_and_retries_write_nothing_more():
@@ -675,3 +675,17 @@ def test_a_refusal_of_a_child_no_longer_planned_is_forgotten():
     world.sync()
     world.reconcile()
     assert _degraded(world)["status"] == "False"
+
+
+def test_the_work_queue_resyncs_every_object_while_it_exists_and_stops_once_it_is_gone():
+    # The level-triggered safety net is the work queue's requeue, not a kopf timer (which needs a finalizer).
+    world = World([_service()])
+    world.ctx.config = OperatorConfig(build_retention_seconds=60, resync_seconds=7)
+    service_key = (names.SERVICE_KIND, "team-a", "llama")
+    assert 0 < asyncio.run(handlers._work(world.ctx, service_key)) <= 7
+    world.sync()
+    build_key = (names.BUILD_KIND, "team-a", world.build_name())
+    assert 0 < asyncio.run(handlers._work(world.ctx, build_key)) <= 7
+    del world.api.objects[("InferenceService", "team-a", "llama")]
+    world.sync()
+    assert asyncio.run(handlers._work(world.ctx, service_key)) is None, "a deleted object is not requeued"

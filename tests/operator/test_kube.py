@@ -1,17 +1,17 @@
-"""kube.py against a fake API server (httpx.MockTransport): the requests it sends; diff.py: no-op detection."""
+"""kube.py against a fake API server (an httpx.MockTransport handler): the requests it sends; diff.py: no-op detection."""
 
 import asyncio
 import json
 
 import httpx
 import pytest
+from fake_transport import HttpxTransport
 
 from inferfleet_operator import diff, kube
 
 
 def _client(handler):
-    http = httpx.AsyncClient(base_url="https://api.test", transport=httpx.MockTransport(handler))
-    return kube.Kube(http, instance="op-0")
+    return kube.Kube(HttpxTransport(handler), instance="op-0")
 
 
 def _deployment(replicas=2, cpu="2", extra_label=None):
@@ -152,8 +152,7 @@ def test_requests_are_counted_and_reads_are_not_writes():
             return httpx.Response(200, json={"items": [{"metadata": {"name": "a"}}]})
         return httpx.Response(200, json={"metadata": {"name": "x"}})
 
-    http = httpx.AsyncClient(base_url="https://api.test", transport=httpx.MockTransport(handler))
-    client = kube.Kube(http, on_request=lambda verb, kind: counted.append((verb, kind)))
+    client = kube.Kube(HttpxTransport(handler), on_request=lambda verb, kind: counted.append((verb, kind)))
 
     async def go():
         await client.list("apps/v1", "Deployment", "ns", label_selector="a=b")
