@@ -146,7 +146,7 @@ start kube-apiserver "$bin/kube-apiserver" \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
   --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=true \
-  --endpoint-reconciler-type none --profiling=false
+  --endpoint-reconciler-type none --profiling="${INFERFLEET_APISERVER_PROFILING:-false}"  # true: /debug/pprof for benchmarks
 wait_until 60 kube-apiserver "${kubectl[@]}" get --raw /readyz
 
 # Node heartbeats are the fleet simulator's standing load: kwok renews each node's Lease every quarter
