@@ -133,13 +133,14 @@ class Credentials:
             context.load_cert_chain(c.cert_file, c.key_file)
         return context
 
-    def aiohttp_session(self, timeout: float | None = None):
+    def aiohttp_session(self, timeout: float | None = None, max_connections: int = 0):
         """An aiohttp session for kopf's watches (returned by the login handler as kopf.AiohttpSession) and
         for the write path (kube.Kube.connect): TLS and proxy from the credentials, an Authorization header
         set on each request (the official loader refreshes an expired exec-plugin credential or a rotated
         ServiceAccount token when asked). A 401 loads the credentials again once and retries (a credential
         revoked early, or an exec plugin that states no expiry), as kopf does. `timeout`: seconds per
-        request (None: none, for watches). Call it inside the event loop that uses it."""
+        request (None: none, for watches); `max_connections`: 0 for no limit (a watch holds one for as
+        long as it lasts). Call it inside the event loop that uses it."""
         import aiohttp
 
         current = [self]
@@ -157,7 +158,7 @@ class Credentials:
             return await handler(request)
 
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()),
+            connector=aiohttp.TCPConnector(limit=max_connections, ssl=self.ssl_context()),
             proxy=self.proxy,
             middlewares=(authorize,),
             timeout=aiohttp.ClientTimeout(total=timeout),
