@@ -1,7 +1,9 @@
-"""Two operator replicas with --peering: one is active, the other waits and takes over when the
-active one stops."""
+"""Operator replicas with --peering: one is active, the other waits and takes over when the active one
+stops; a replica paused for a higher peer stops reconciling, its own requeues included."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import yaml
@@ -13,6 +15,8 @@ from operator_process import (
     install,
     service_manifest,
 )
+
+from inferfleet_operator.leadership import CHECK_SECONDS
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +88,31 @@ def test_only_the_leader_reconciles_and_the_standby_takes_over(cluster, namespac
         message="the standby restored the Deployment",
     )
     assert _reconciles(standby) > 0
+
+
+def test_a_replica_paused_for_a_higher_peer_stops_reconciling_on_its_own(cluster, namespace, replicas, tmp_path):
+    # kopf's pause stops the watches; the resync is the work queue's own requeue, inside the process, so the
+    # paused replica must stop it itself (leadership.py) instead of reconciling from indexes that no longer move.
+    cluster.apply(service_manifest("steady", placement={"vendors": ["cpu"]}), namespace=namespace)
+    running = [p for p in replicas if p.process is not None and p.process.poll() is None]
+    before = {id(p): _reconciles(p) for p in running}
+    active = wait_for(
+        lambda: next((p for p in running if _reconciles(p) >= before[id(p)] + 2), None),
+        timeout=30,
+        message="a replica reconciling (two resyncs)",
+    )
+    usurper = OperatorProcess(
+        replicas[0].kubeconfig,
+        tmp_path / "usurper.log",
+        FAST_FLAGS + [f"--peering={PEERING}", "--peering-priority=300"],
+    )
+    usurper.start()
+    try:
+        wait_for(lambda: _reconciles(usurper) > 0, timeout=60, message="the higher peer reconciling")
+        time.sleep(CHECK_SECONDS + 1)  # the paused replica's last reading of the peering object expires
+        paused_at = _reconciles(active)
+        resyncs = _reconciles(usurper)
+        wait_for(lambda: _reconciles(usurper) >= resyncs + 4, timeout=60, message="four resyncs of the higher peer")
+        assert _reconciles(active) == paused_at, active.log_tail()
+    finally:
+        usurper.stop()

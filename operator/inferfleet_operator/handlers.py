@@ -36,6 +36,7 @@ from .cache import (
 from .credentials import Credentials, CredentialsError
 from .diff import strip_object
 from .kube import Kube
+from .leadership import Leadership
 from .metrics import Metrics
 from .names import (
     BUILD_KIND,
@@ -193,6 +194,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         metrics=metrics,
         cache=ReadCache(indices),
         scraper=httpx.AsyncClient(timeout=config.scrape_timeout_seconds),
+        leadership=Leadership(kube, config, settings.peering.priority) if config.peering else None,
     )
     queue = WorkQueue(
         lambda key: _work(ctx, key),
@@ -393,6 +395,8 @@ async def _work(ctx: Context, key: tuple[str, str, str]) -> float | None:
     """Reconciles one object; seconds until its next reconcile: what the reconcile asked for, and at most
     --resync-seconds while the object exists (the level-triggered safety net)."""
     kind, namespace, name = key
+    if ctx.leadership is not None and not await ctx.leadership.is_active():
+        return ctx.config.resync_seconds  # paused in favour of a peer: kopf re-lists everything on resume
     ctx.metrics.reconciles.labels(kind).inc()
     with ctx.metrics.duration.labels(kind).time():
         if kind == SERVICE_KIND:

@@ -46,6 +46,9 @@ KINDS: dict[str, Kind] = {
     RUNTIME_KIND: Kind(API_VERSION, "inferenceruntimes", False),
     BUILD_KIND: Kind(API_VERSION, "enginebuilds", True),
     POOL_KIND: Kind(POOL_API_VERSION, "inferencepools", True),
+    # kopf's peering objects (leader election with --peering), read by leadership.py.
+    "ClusterKopfPeering": Kind("kopf.dev/v1", "clusterkopfpeerings", False),
+    "KopfPeering": Kind("kopf.dev/v1", "kopfpeerings", True),
 }
 # An InferenceService's children (labelled SERVICE_LABEL, owned by it, deleted when no longer planned).
 CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")

@@ -45,6 +45,8 @@ class Context:
     scraper: Any = None
     scaling: dict = dataclasses.field(default_factory=dict)
     pool_served: tuple[float, bool] | None = None
+    # Under --peering: leadership.Leadership, asked before each reconcile (None: always active).
+    leadership: Any = None
 
     def __post_init__(self) -> None:
         self.events = EventRecorder(self.kube)
