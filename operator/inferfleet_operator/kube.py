@@ -53,10 +53,10 @@ class Transport(Protocol):
 
 
 class AiohttpTransport:
-    """aiohttp, the stack kopf's watches use, with the same credentials (Credentials.aiohttp_session). httpx, the
-    client before, cost about six times the CPU per request (1.8 ms against 0.3 ms for a 1.6 KB JSON reply over
-    TLS, 8 in flight, measured on this project's 2-core machine), and at 200 nodes × 100 services its
-    requests were two fifths of the operator's busy time (e2e/bench/scale.py --profile-operator)."""
+    """aiohttp, the stack kopf's watches use, with the same credentials (Credentials.aiohttp_session). Not httpx:
+    it costs about six times the CPU per request (1.8 ms against 0.3 ms for a 1.6 KB JSON reply over TLS, 8 in
+    flight, on a 2-core machine), which at 200 nodes × 100 services was two fifths of the operator's busy
+    time (e2e/bench/scale.py --profile-operator)."""
 
     # Requests in flight at once (more wait for a connection): a reconcile sends its writes side by side, and
     # at --concurrency 8 an unbounded pool opens a TLS connection per request in flight (peak RSS at 1,000
