@@ -108,6 +108,15 @@ class OperatorProcess:
     def num_writes(self) -> float:
         return self.metric("inferfleet_operator_api_writes_total")
 
+    def service_reconciles(self) -> float:
+        return self.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
+
+    def wait_for_service_reconciles(self, more: int, message: str, timeout: float = 30) -> None:
+        """Waits until `more` InferenceService reconciles beyond those run so far have run (resyncs, when
+        nothing else changes)."""
+        start = self.service_reconciles()
+        wait_for(lambda: self.service_reconciles() >= start + more, timeout=timeout, message=message)
+
     def writes_by_kind(self) -> dict[str, float]:
         """API writes so far by verb and kind, e.g. {"apply Deployment": 5.0}."""
         counts: dict[str, float] = {}

@@ -189,12 +189,7 @@ def test_no_finalizer_is_put_on_services_or_builds_so_they_delete_without_the_op
         timeout=60,
         message="the service's status naming its EngineBuild",
     )
-    before = operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
-    wait_for(
-        lambda: operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService") >= before + 2,
-        timeout=30,
-        message="two more service reconciles (resyncs at least)",
-    )
+    operator.wait_for_service_reconciles(2, "two more service reconciles (resyncs at least)")
     operator.kill()
     try:
         objects = [cluster.get("inferenceservice", "loose", ns), *cluster.items("enginebuilds", ns)]

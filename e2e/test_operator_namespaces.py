@@ -25,12 +25,7 @@ def test_an_operator_for_one_namespace_ignores_the_others(cluster: Cluster, name
         )
         # Two more reconciles of the watched service (a resync at least): time enough to have
         # touched the other namespace, had the operator watched it.
-        reconciles = process.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
-        wait_for(
-            lambda: process.metric("inferfleet_operator_reconciles_total", kind="InferenceService") >= reconciles + 2,
-            timeout=30,
-            message="two more reconciles in the watched namespace",
-        )
+        process.wait_for_service_reconciles(2, "two more reconciles in the watched namespace")
         assert cluster.get("deployment", "scoped-cpu-amd64", other) is None
         assert not (cluster.get("inferenceservice", "scoped", other) or {}).get("status")
     finally:

@@ -65,10 +65,6 @@ def replicas(cluster: Cluster, tmp_path_factory):
         process.stop()
 
 
-def _reconciles(process: OperatorProcess) -> float:
-    return process.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
-
-
 def test_only_the_leader_reconciles_and_the_standby_takes_over(cluster, namespace, replicas):
     leader, standby = replicas
     cluster.apply(service_manifest("solo", placement={"vendors": ["cpu"]}), namespace=namespace)
@@ -77,8 +73,8 @@ def test_only_the_leader_reconciles_and_the_standby_takes_over(cluster, namespac
         timeout=30,
         message="the leader created the Deployment",
     )
-    assert _reconciles(leader) > 0
-    assert _reconciles(standby) == 0, standby.log_tail()
+    assert leader.service_reconciles() > 0
+    assert standby.service_reconciles() == 0, standby.log_tail()
 
     leader.stop()  # a graceful stop withdraws the leader from the peering object at once
     cluster.kubectl("delete", "deployment", "solo-cpu-amd64", "-n", namespace)
@@ -87,7 +83,7 @@ def test_only_the_leader_reconciles_and_the_standby_takes_over(cluster, namespac
         timeout=60,
         message="the standby restored the Deployment",
     )
-    assert _reconciles(standby) > 0
+    assert standby.service_reconciles() > 0
 
 
 def test_a_replica_paused_for_a_higher_peer_stops_reconciling_on_its_own(cluster, namespace, replicas, tmp_path):
@@ -95,9 +91,9 @@ def test_a_replica_paused_for_a_higher_peer_stops_reconciling_on_its_own(cluster
     # paused replica must stop it itself (leadership.py) instead of reconciling from indexes that no longer move.
     cluster.apply(service_manifest("steady", placement={"vendors": ["cpu"]}), namespace=namespace)
     running = [p for p in replicas if p.process is not None and p.process.poll() is None]
-    before = {id(p): _reconciles(p) for p in running}
+    before = {id(p): p.service_reconciles() for p in running}
     active = wait_for(
-        lambda: next((p for p in running if _reconciles(p) >= before[id(p)] + 2), None),
+        lambda: next((p for p in running if p.service_reconciles() >= before[id(p)] + 2), None),
         timeout=30,
         message="a replica reconciling (two resyncs)",
     )
@@ -108,11 +104,10 @@ def test_a_replica_paused_for_a_higher_peer_stops_reconciling_on_its_own(cluster
     )
     usurper.start()
     try:
-        wait_for(lambda: _reconciles(usurper) > 0, timeout=60, message="the higher peer reconciling")
+        wait_for(lambda: usurper.service_reconciles() > 0, timeout=60, message="the higher peer reconciling")
         time.sleep(CHECK_SECONDS + 1)  # the paused replica's last reading of the peering object expires
-        paused_at = _reconciles(active)
-        resyncs = _reconciles(usurper)
-        wait_for(lambda: _reconciles(usurper) >= resyncs + 4, timeout=60, message="four resyncs of the higher peer")
-        assert _reconciles(active) == paused_at, active.log_tail()
+        paused_at = active.service_reconciles()
+        usurper.wait_for_service_reconciles(4, "four resyncs of the higher peer", timeout=60)
+        assert active.service_reconciles() == paused_at, active.log_tail()
     finally:
         usurper.stop()

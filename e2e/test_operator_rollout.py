@@ -86,12 +86,7 @@ def test_mixed_fleet_serves_compiled_on_nvidia_and_paged_elsewhere(cluster, ns, 
 
     # A no-op resync: two more reconciles of the service (resyncs, as nothing else changes) write nothing.
     before, writes = _snapshot(cluster, ns), operator.num_writes()
-    reconciles = operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
-    wait_for(
-        lambda: operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService") >= reconciles + 2,
-        timeout=4 * RESYNC_SECONDS + 10,
-        message="two more reconciles of the service",
-    )
+    operator.wait_for_service_reconciles(2, "two more reconciles of the service", timeout=4 * RESYNC_SECONDS + 10)
     assert _snapshot(cluster, ns) == before
     assert operator.num_writes() - writes == 0
     num_pools = len([e for e in obj["status"]["pools"] if e["desiredReplicas"]])

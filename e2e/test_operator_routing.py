@@ -168,12 +168,7 @@ def test_a_service_with_routing_disabled_gets_no_pool_and_loses_one_it_had(clust
         message="status.routing settled",
     )
     applies = operator.writes_by_kind().get("apply InferencePool", 0)
-    reconciles = operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService")
-    wait_for(
-        lambda: operator.metric("inferfleet_operator_reconciles_total", kind="InferenceService") >= reconciles + 3,
-        timeout=30,
-        message="three more service reconciles (resyncs)",
-    )
+    operator.wait_for_service_reconciles(3, "three more service reconciles (resyncs)")
     assert operator.writes_by_kind().get("apply InferencePool", 0) == applies, (
         "a resync re-applies an unchanged InferencePool"
     )
