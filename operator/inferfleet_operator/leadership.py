@@ -11,6 +11,7 @@ pauses both replicas of a tie, and then only requeues could run (the default pri
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from .kube import ApiError, Kube
+from .names import KINDS
 from .settings import OperatorConfig
 
 logger = logging.getLogger("inferfleet_operator")
@@ -56,6 +58,8 @@ class Leadership:
         self._kube, self._config, self._priority = kube, config, priority
         self._monotonic, self._now = monotonic, now
         self._checked: tuple[float, bool] | None = None
+        # One read at a time: the reconciles that find the reading stale together wait for one GET.
+        self._reading = asyncio.Lock()
 
     def _peering_objects(self) -> list[tuple[str, str | None]]:
         """(kind, namespace) of the peering objects kopf elects through: one cluster-wide, or one per
@@ -64,16 +68,27 @@ class Leadership:
             return [("ClusterKopfPeering", None)]
         return [("KopfPeering", ns) for ns in self._config.namespaces if ns.replace("-", "").isalnum()]
 
+    def _fresh(self) -> bool | None:
+        if self._checked is not None and self._monotonic() - self._checked[0] < CHECK_SECONDS:
+            return self._checked[1]
+        return None
+
     async def is_active(self) -> bool:
         if self._config.peering is None:
             return True
+        if (known := self._fresh()) is not None:
+            return known
+        async with self._reading:
+            if (known := self._fresh()) is not None:  # read by another reconcile while this one waited
+                return known
+            return await self._read()
+
+    async def _read(self) -> bool:
         at = self._monotonic()
-        if self._checked is not None and at - self._checked[0] < CHECK_SECONDS:
-            return self._checked[1]
         was_active = True if self._checked is None else self._checked[1]
         try:
             peerings = [
-                await self._kube.get("kopf.dev/v1", kind, namespace, self._config.peering)
+                await self._kube.get(KINDS[kind].api_version, kind, namespace, self._config.peering)
                 for kind, namespace in self._peering_objects()
             ]
         except (ApiError, OSError, TimeoutError, aiohttp.ClientError) as error:  # keep what was known

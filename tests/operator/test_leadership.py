@@ -67,3 +67,21 @@ def test_namespaced_operators_read_the_peering_object_of_each_watched_namespace_
     standalone = FakeKube({"other": _peer(500)})
     assert asyncio.run(Leadership(standalone, parse_args([], default_instance="x"), 100).is_active())
     assert standalone.reads == []
+
+
+def test_reconciles_that_find_the_reading_stale_together_share_one_read():
+    kube = FakeKube({"me": _peer(100)})
+    get = kube.get
+
+    async def slow_get(*args):
+        await asyncio.sleep(0.01)
+        return await get(*args)
+
+    kube.get = slow_get
+    leadership = Leadership(kube, parse_args(["--peering=fleet"], default_instance="x"), 100, now=lambda: NOW)
+
+    async def go():
+        return await asyncio.gather(*(leadership.is_active() for _ in range(8)))
+
+    assert asyncio.run(go()) == [True] * 8
+    assert len(kube.reads) == 1
