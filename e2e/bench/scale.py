@@ -545,12 +545,15 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
 
         pids = {**cluster_pids(cluster.kubeconfig), "bench": os.getpid()}
         control_plane = {k: v for k, v in pids.items() if k in ("kube-apiserver", "kube-controller-manager", "etcd")}
-        log("Waiting for the control plane to go quiet")
-        await wait_idle(control_plane, share=0.25, timeout=180)
+
+        async def quiet() -> None:
+            log("Waiting for the control plane to go quiet")
+            await wait_idle(control_plane, share=0.25, timeout=180)
+
+        await quiet()
         log(f"Floor: applying the planner's children of {len(services)} services directly")
         floor = await run_floor(client, children, args.timeout, pids)
-        log("Waiting for the control plane to go quiet")
-        await wait_idle(control_plane, share=0.25, timeout=180)
+        await quiet()
         log(f"Operator: creating {len(services)} InferenceServices with the operator running")
         operator = OperatorProcess(operator_kubeconfig, work / "operator.log", args=[])
         try:

@@ -143,17 +143,18 @@ class Credentials:
         long as it lasts). Call it inside the event loop that uses it."""
         import aiohttp
 
-        current = [self]
+        current = self
 
         async def authorize(request: aiohttp.ClientRequest, handler):
-            if header := current[0].authorization():
+            nonlocal current
+            if header := current.authorization():
                 request.headers["Authorization"] = header
             response = await handler(request)
             if response.status != 401:
                 return response
             response.release()
-            current[0] = current[0].reloaded()
-            if header := current[0].authorization():
+            current = current.reloaded()
+            if header := current.authorization():
                 request.headers["Authorization"] = header
             return await handler(request)
 

@@ -3,8 +3,9 @@
 The handlers are module-level functions, and `register` attaches them to the kopf.OperatorRegistry that
 main.py builds for the process. kopf's decorators used bare at module level would register into kopf's
 process-wide default registry at import time: global state, and fixed before the flags are parsed, while
-one registration depends on them (whether the InferencePool CRD is watched, --inference-pools). Namespaces are kopf.run's arguments and the server-side
-label selectors are settings (apply_settings), so neither depends on how the handlers are registered.
+one registration depends on them (whether the InferencePool CRD is watched, --inference-pools). Namespaces
+are kopf.run's arguments and the server-side label selectors are settings (apply_settings), so neither
+depends on how the handlers are registered.
 What a handler needs at run time (config, metrics, the reconcile context, the work queue) is in kopf's memo:
 main.py puts config and metrics there, and startup adds the rest.
 """
