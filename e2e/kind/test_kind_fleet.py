@@ -532,4 +532,11 @@ def test_helm_uninstall_removes_what_the_operator_created(kind_cluster, release,
         return left + [c for c in crds if c.endswith(".inferfleet.dev")]
 
     wait_for(lambda: not leftovers(), timeout=180, interval=2, message="no object the operator created left")
-    assert not kind_cluster.items("pods", release["namespace"], f"app.kubernetes.io/instance={release['name']}")
+    # `helm uninstall --wait` waits for the Deployment; its pod is deleted after it by the garbage collector and
+    # may still be terminating then (a loaded kind node took longer than the check once).
+    wait_for(
+        lambda: not kind_cluster.items("pods", release["namespace"], f"app.kubernetes.io/instance={release['name']}"),
+        timeout=120,
+        interval=2,
+        message="the operator's pods gone",
+    )
