@@ -44,22 +44,56 @@ MAX_PARTITIONS = 128
 
 
 @dataclass(frozen=True)
-class ReferenceLayout:
-    """What the reference derives from the block tables and lengths alone, the same in every layer of a step:
-    build it once per step with `reference_layout` and pass it to every layer's call."""
+class ReferenceGroup:
+    """Sequences the reference attends in one SDPA call, padded to the group's longest query and context."""
 
+    tokens: torch.Tensor | None  # [num_group_tokens] int64: the group's rows of the flat query (None: all, in order)
     blocks: torch.Tensor  # [num_seqs * num_blocks] int64: cache block of each sequence's padded block positions
     mask: torch.Tensor  # [num_seqs, 1, max_q, num_keys] float32: 0 for keys a query row sees, else
     # -inf (what SDPA makes of a bool mask, made once instead of per call)
-    seq_of_token: torch.Tensor | None  # [num_tokens] int64 (None for decode: token i is sequence i, row 0)
-    row_of_token: torch.Tensor | None  # [num_tokens] int64
+    seq_of_token: torch.Tensor | None  # [num_group_tokens] int64 (None for decode: token i is sequence i, row 0)
+    row_of_token: torch.Tensor | None  # [num_group_tokens] int64
     num_seqs: int
     max_q: int
-    num_keys: int  # gathered key positions per sequence: whole blocks up to the longest
+    num_keys: int  # gathered key positions per sequence: whole blocks up to the group's longest
+
+
+@dataclass(frozen=True)
+class ReferenceLayout:
+    """What the reference derives from the block tables and lengths alone, the same in every layer of a step:
+    build it once per step with `reference_layout` and pass it to every layer's call.
+
+    A batch that mixes decodes (one new token) with prefill chunks is attended in two groups, decodes and the
+    rest: padded together, every decode would carry the longest chunk's query rows (31 decodes beside one
+    128-token prompt: 32 x 128 rows instead of 159).
+    """
+
+    groups: tuple[ReferenceGroup, ...]
 
 
 def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, max_seq_len=None) -> ReferenceLayout:
-    """The gather rows, causal mask and query scatter of `paged_attention_reference` for one batch."""
+    """The gather rows, causal masks and query scatter of `paged_attention_reference` for one batch."""
+    if query_start_loc is None:
+        return ReferenceLayout((_reference_group(block_tables, seq_lens, block_size, None, max_seq_len, None),))
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    decode = q_lens == 1
+    if bool(decode.all()) or not bool(decode.any()):
+        group = _reference_group(block_tables, seq_lens, block_size, query_start_loc, max_seq_len, None)
+        return ReferenceLayout((group,))
+    starts = query_start_loc[:-1].long()
+    seqs = decode.nonzero().squeeze(1)
+    groups = [_reference_group(block_tables[seqs], seq_lens[seqs], block_size, None, None, starts[seqs])]
+    seqs = (~decode).nonzero().squeeze(1)
+    lens = q_lens[seqs].long()
+    loc = torch.zeros(seqs.shape[0] + 1, dtype=torch.int64, device=seqs.device)
+    torch.cumsum(lens, 0, out=loc[1:])
+    # Flat row of each of the group's tokens: its sequence's start plus its row within the sequence.
+    tokens = torch.repeat_interleave(starts[seqs] - loc[:-1], lens) + torch.arange(int(loc[-1]), device=seqs.device)
+    groups.append(_reference_group(block_tables[seqs], seq_lens[seqs], block_size, loc, None, tokens))
+    return ReferenceLayout(tuple(groups))
+
+
+def _reference_group(block_tables, seq_lens, block_size, query_start_loc, max_seq_len, tokens) -> ReferenceGroup:
     num_seqs = seq_lens.shape[0]
     device = seq_lens.device
     seq_lens = seq_lens.long()
@@ -85,7 +119,7 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
     mask = k_pos[None, None, :] <= q_pos[:, :, None]
     mask |= (k_pos == 0)[None, None, :]
     bias = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill_(~mask, float("-inf"))
-    return ReferenceLayout(blocks, bias[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
+    return ReferenceGroup(tokens, blocks, bias[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
 
 
 def paged_attention_reference(
@@ -101,37 +135,47 @@ def paged_attention_reference(
     layout: ReferenceLayout | None = None,
 ):
     """The spec. Vectorised over sequences: gathers each sequence's blocks (whole blocks, one copy of
-    block_size * Hkv * D elements each), pads to the longest.
+    block_size * Hkv * D elements each), pads to the longest of its group (decodes, or prefill chunks).
 
     layout: `reference_layout(...)` of these block tables and lengths, when the caller shares one across layers.
     """
-    num_tokens, num_q_heads, head_dim = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    if num_tokens == 0:
+    if query.shape[0] == 0:
         return torch.empty_like(query)
     if layout is None:
-        layout = reference_layout(block_tables, seq_lens, block_size, query_start_loc, max_seq_len)
-    num_seqs, max_q, num_keys = layout.num_seqs, layout.max_q, layout.num_keys
+        layout = reference_layout(block_tables, seq_lens, key_cache.shape[1], query_start_loc, max_seq_len)
+    if len(layout.groups) == 1:
+        return _attend_group(query, key_cache, value_cache, scale, layout.groups[0])
+    out = torch.empty_like(query)
+    for group in layout.groups:
+        out[group.tokens] = _attend_group(query[group.tokens], key_cache, value_cache, scale, group)
+    return out
+
+
+def _attend_group(query, key_cache, value_cache, scale, group: ReferenceGroup):
+    """query [group tokens, Hq, D] -> out like it: one SDPA call over the group's gathered blocks."""
+    num_q_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[2]
+    num_seqs, max_q, num_keys = group.num_seqs, group.max_q, group.num_keys
     # k, v: [num_seqs * num_blocks, block_size, Hkv, D] -> [num_seqs, num_keys, Hkv, D]
-    k = key_cache.index_select(0, layout.blocks).view(num_seqs, num_keys, num_kv_heads, head_dim)
-    v = value_cache.index_select(0, layout.blocks).view(num_seqs, num_keys, num_kv_heads, head_dim)
+    k = key_cache.index_select(0, group.blocks).view(num_seqs, num_keys, num_kv_heads, head_dim)
+    v = value_cache.index_select(0, group.blocks).view(num_seqs, num_keys, num_kv_heads, head_dim)
     # The flat queries as [num_seqs, max_q, Hq, D].
-    if layout.seq_of_token is None:
+    if group.seq_of_token is None:
         q = query.view(num_seqs, 1, num_q_heads, head_dim)
     else:
         q = query.new_zeros(num_seqs, max_q, num_q_heads, head_dim)
-        q[layout.seq_of_token, layout.row_of_token] = query
+        q[group.seq_of_token, group.row_of_token] = query
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float().transpose(1, 2),
         k.float().transpose(1, 2),
         v.float().transpose(1, 2),
-        attn_mask=layout.mask,
+        attn_mask=group.mask,
         scale=scale,
         enable_gqa=num_q_heads != num_kv_heads,
     )  # [num_seqs, Hq, max_q, D]
-    if layout.seq_of_token is None:
+    if group.seq_of_token is None:
         return out[:, :, 0].to(query.dtype)
-    return out.transpose(1, 2)[layout.seq_of_token, layout.row_of_token].to(query.dtype)
+    return out.transpose(1, 2)[group.seq_of_token, group.row_of_token].to(query.dtype)
 
 
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)

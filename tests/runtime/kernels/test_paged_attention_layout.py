@@ -17,7 +17,15 @@ def test_shared_layout_matches_reference_and_dense_attention_for_prefill_and_ext
     )
     query, query_start_loc, max_q = varlen_query(VARLEN_BATCH, num_heads, head_dim, torch.float32)
     layout = pa.reference_layout(block_tables, lens, block_size, query_start_loc, max(seq_lens))
-    assert layout.num_keys == -(-max(seq_lens) // block_size) * block_size and layout.max_q == max_q
+    # Decodes (one new token) and prefill chunks are two groups, each padded to its own longest query and context.
+    decodes, chunks = layout.groups
+    one_token = [b for b, (_, q_len) in enumerate(VARLEN_BATCH) if q_len == 1]
+    assert decodes.tokens.tolist() == [int(query_start_loc[b]) for b in one_token] and decodes.max_q == 1
+    assert decodes.num_keys == -(-max(seq_lens[b] for b in one_token) // block_size) * block_size
+    rest = [b for b in range(len(VARLEN_BATCH)) if b not in one_token]
+    rows = [r for b in rest for r in range(int(query_start_loc[b]), int(query_start_loc[b + 1]))]
+    assert chunks.tokens.tolist() == rows and chunks.max_q == max_q and chunks.num_seqs == len(rest)
+    assert chunks.num_keys == -(-max(seq_lens[b] for b in rest) // block_size) * block_size
     kwargs = dict(query_start_loc=query_start_loc, max_query_len=max_q, max_seq_len=max(seq_lens))
     shared = pa.paged_attention_reference(
         query, key_cache, value_cache, block_tables, lens, 0.3, layout=layout, **kwargs
@@ -39,9 +47,10 @@ def test_decode_layout_skips_the_query_scatter_and_matches_dense_attention():
     )
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(3))
     layout = pa.reference_layout(block_tables, lens, block_size)
-    assert layout.seq_of_token is None and layout.max_q == 1
+    (group,) = layout.groups
+    assert group.tokens is None and group.seq_of_token is None and group.max_q == 1
     # The mask is SDPA's additive bias: 0 where a key is seen, -inf elsewhere (key 0 always seen).
-    assert set(layout.mask.unique().tolist()) == {0.0, float("-inf")} and bool((layout.mask[..., 0] == 0).all())
+    assert set(group.mask.unique().tolist()) == {0.0, float("-inf")} and bool((group.mask[..., 0] == 0).all())
     out = pa.paged_attention_reference(query, key_cache, value_cache, block_tables, lens, 0.5, layout=layout)
     for b, seq_len in enumerate(seq_lens):
         k = gather_sequence(key_cache, block_tables[b], seq_len, block_size)
