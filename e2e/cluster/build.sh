@@ -90,7 +90,9 @@ all_built || build_kubernetes
 check_version() {
   local want=$1; shift
   local got
-  got=$("$@" 2>&1 | head -n 3 | tr '\n' ' ')
+  # awk reads to the end: `head` would close the pipe early and, under pipefail, a binary that prints
+  # more than three lines (etcd prints four) could die of SIGPIPE and fail the build (exit 141).
+  got=$("$@" 2>&1 | awk 'NR <= 3' | tr '\n' ' ')
   case "$got" in
     *"$want"*) log "  $(basename "$1"): $got" ;;
     *) log "$(basename "$1") reports '$got', expected $want"; return 1 ;;
