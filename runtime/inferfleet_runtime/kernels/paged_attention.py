@@ -80,16 +80,14 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
     if bool(decode.all()) or not bool(decode.any()):
         group = _reference_group(block_tables, seq_lens, block_size, query_start_loc, max_seq_len, None)
         return ReferenceLayout((group,))
-    starts = query_start_loc[:-1].long()
-    seqs = decode.nonzero().squeeze(1)
-    groups = [_reference_group(block_tables[seqs], seq_lens[seqs], block_size, None, None, starts[seqs])]
-    seqs = (~decode).nonzero().squeeze(1)
-    lens = q_lens[seqs].long()
-    loc = torch.zeros(seqs.shape[0] + 1, dtype=torch.int64, device=seqs.device)
-    torch.cumsum(lens, 0, out=loc[1:])
-    # Flat row of each of the group's tokens: its sequence's start plus its row within the sequence.
-    tokens = torch.repeat_interleave(starts[seqs] - loc[:-1], lens) + torch.arange(int(loc[-1]), device=seqs.device)
-    groups.append(_reference_group(block_tables[seqs], seq_lens[seqs], block_size, loc, None, tokens))
+    # Flat token rows of each group, and each group's own query_start_loc.
+    token_is_decode = torch.repeat_interleave(decode, q_lens.long())
+    groups = []
+    for seq_mask, token_mask in ((decode, token_is_decode), (~decode, ~token_is_decode)):
+        seqs = seq_mask.nonzero().squeeze(1)
+        loc = torch.nn.functional.pad(torch.cumsum(q_lens[seqs], 0), (1, 0))
+        tokens = token_mask.nonzero().squeeze(1)
+        groups.append(_reference_group(block_tables[seqs], seq_lens[seqs], block_size, loc, None, tokens))
     return ReferenceLayout(tuple(groups))
 
 
