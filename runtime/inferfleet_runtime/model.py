@@ -40,6 +40,53 @@ def rope_cos_sin_cache(config: ModelConfig, device: torch.device) -> torch.Tenso
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
 
 
+# Rows the packed layout is chosen for: at 32 the layout served batch 1 and 128 within 6% of their own best
+# (33 matmuls of the `bench compare` model, 2 threads).
+PACKED_LINEAR_BATCH_HINT = 32
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear (x W^T + b over [T, in] rows) for float32 on a CPU, its weight reordered once into oneDNN's
+    blocked layout: on the `bench compare` model the step's 33 matmuls took 5.3 ms at batch 1 and 15.1 ms at
+    batch 32 this way, against 8.6 and 26.2 ms through nn.Linear (2 threads, quiet machine).
+
+    `torch.ops.mkldnn` is PyTorch's own oneDNN binding (what inductor's CPU backend calls), not a public API:
+    `pack_linears` checks that it is there and leaves nn.Linear in place when it is not.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_LINEAR_BATCH_HINT))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")  # [T, out]
+
+
+def can_pack_linears(device: torch.device, dtype: torch.dtype) -> bool:
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replaces every nn.Linear of a float32 CPU model by a PackedLinear (serving only: the packed weights are
+    opaque, so export and weight loading use the model before this). Returns how many were replaced."""
+    targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not targets or not can_pack_linears(targets[0][1].weight.device, targets[0][1].weight.dtype):
+        return 0
+    for name, module in targets:
+        parent_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), leaf, PackedLinear(module))
+    return len(targets)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, ops: KernelOps, layer_index: int):
         super().__init__()

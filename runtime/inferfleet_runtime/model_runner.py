@@ -17,6 +17,7 @@ from inferfleet_runtime.attention import (
     kv_cache_bytes_per_block,
 )
 from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.model import pack_linears
 from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
@@ -28,6 +29,7 @@ DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading t
 class ModelRunner:
     def __init__(self, loaded, config: EngineConfig, model_name: str | None = None):
         self.model, self.ops = loaded.model, loaded.model.ops
+        pack_linears(self.model)  # float32 on a CPU: oneDNN's blocked weight layout (a no-op elsewhere)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from inferfleet_runtime.loader import load_model
+from inferfleet_runtime.model import can_pack_linears, pack_linears
 
 from .paged_greedy import greedy_paged, hf_greedy, truncate_after_eos
 
@@ -38,8 +39,9 @@ NUM_NEW_TOKENS = 10
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("packed", [False, True], ids=["nn-linear", "packed-linear"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_factory, name):
+def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_factory, name, packed):
     model_dir = tiny_llama_factory(name, **CONFIGS[name])
     gen = torch.Generator().manual_seed(len(name))
     prompts = [torch.randint(3, 384, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
@@ -48,6 +50,10 @@ def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_fact
     hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     expected = hf_greedy(hf_model, prompts, NUM_NEW_TOKENS)
     lm = load_model(model_dir, device="cpu", kernels="reference")
+    if packed:  # what ModelRunner serves with on a CPU
+        if not can_pack_linears(torch.device("cpu"), torch.float32):
+            pytest.skip("this torch has no oneDNN linear ops")
+        assert pack_linears(lm.model) == 4 * lm.config.num_layers + 1
     got = greedy_paged(lm.model, prompts, NUM_NEW_TOKENS, block_size=4, chunk_size=5)
     assert truncate_after_eos(got, lm.config.eos_token_ids) == expected
     # The reference must not be degenerate, or the comparison would prove little.
