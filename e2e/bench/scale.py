@@ -647,7 +647,13 @@ def main(argv: list[str] | None = None) -> int:
         if is_own and not args.keep_cluster:
             log("Stopping the cluster")
             stop_cluster(state)
-    shutil.rmtree(work, ignore_errors=True)  # kept (with the operator's log) when the run failed
+    if is_own and args.keep_cluster:
+        log(
+            f"The cluster is still up: export KUBECONFIG={state / 'kubeconfig'}; stop it with e2e/cluster/down.sh and "
+            f"INFERFLEET_CLUSTER_STATE={state}"
+        )
+    else:
+        shutil.rmtree(work, ignore_errors=True)  # kept (with the operator's log) when the run failed
     result["wall_seconds"] = round(time.monotonic() - started, 1)
     result["command"] = "python e2e/bench/scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for key, value in result.items():

@@ -104,11 +104,11 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
     """Events for pools whose serving changed and for conditions that flipped, against the previous status.
 
     One Event per reason, not per pool: pools that changed to the same reason share one Event naming each
-    of them, newly excluded pools are named in the first Normal one (their own PoolExcluded Event when
-    no pool changed the good way), and conditions that flipped the good way share one Normal Event (a
-    bad flip keeps its own Warning). A first rollout whose pools share one reason posts one Event, its
-    readiness one more, and a resync with nothing changed none: each Event is a write the API server
-    stores, and a fleet of services rolling out at once makes thousands of them."""
+    of them; pools given no replicas and newly excluded pools are named in the first Normal one (an Event of
+    their own when no pool changed the good way), and conditions that flipped the good way share one Normal
+    Event (a bad flip keeps its own Warning). A first rollout whose serving pools share one reason posts one
+    Event, its readiness one more, and a resync with nothing changed none: each Event is a write the API
+    server stores, and a fleet of services rolling out at once makes thousands of them."""
     events = []
     before = {p.get("name"): p for p in previous.get("pools") or []}
     changed: dict[str, list[str]] = {}
@@ -122,20 +122,23 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
         if entry.get("engineBuild"):
             text += f"; engine build {entry['engineBuild']} is {entry['buildState']}"
         changed.setdefault(entry["reason"], []).append(text)
+
+    def line(reason: str, texts: list[str]) -> str:
+        return f"{'Pool' if len(texts) == 1 else 'Pools'} {reason}: {'; '.join(texts)}"
+
     for reason, texts in changed.items():
-        make = c.warning if reason in FAILED else c.normal
-        events.append(make(reason, f"{'Pool' if len(texts) == 1 else 'Pools'} {reason}: {'; '.join(texts)}"))
+        if reason != c.REASON_NO_REPLICAS:
+            events.append((c.warning if reason in FAILED else c.normal)(reason, line(reason, texts)))
+    if c.REASON_NO_REPLICAS in changed:
+        _name_in_first_normal(events, c.REASON_NO_REPLICAS, line(c.REASON_NO_REPLICAS, changed[c.REASON_NO_REPLICAS]))
     old_excluded = {x.get("name"): x.get("reason") for x in previous.get("excludedPools") or []}
     excluded = [
         f"{x['name']} ({x['reason']})" for x in status["excludedPools"] if old_excluded.get(x["name"]) != x["reason"]
     ]
     if excluded:
-        text = f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}"
-        first = next((i for i, e in enumerate(events) if e.type == "Normal"), None)
-        if first is None:
-            events.append(c.normal("PoolExcluded", text))
-        else:
-            events[first] = c.normal(events[first].reason, f"{events[first].message}. {text}")
+        _name_in_first_normal(
+            events, "PoolExcluded", f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}"
+        )
     old_conditions = c.by_type(previous.get("conditions"))
     good = []
     for cond in status["conditions"]:
@@ -148,3 +151,12 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
     if good:  # named by the first (Ready's, when it flipped): the conditions' order is fixed
         events.append(c.normal(good[0][0], "; ".join(text for _, text in good)))
     return events
+
+
+def _name_in_first_normal(events: list[c.PlannedEvent], reason: str, text: str) -> None:
+    """Appends text to the first Normal Event, or adds a Normal Event of its own (reason) when there is none."""
+    first = next((i for i, e in enumerate(events) if e.type == "Normal"), None)
+    if first is None:
+        events.append(c.normal(reason, text))
+    else:
+        events[first] = c.normal(events[first].reason, f"{events[first].message}. {text}")

@@ -287,6 +287,10 @@ def test_pools_given_no_replicas_are_not_counted_as_serving():
     assert len(serving) == 1 and p.status["runtimes"] == "Paged=1" and p.status["poolCount"] == 2
     idle = [e for e in p.status["pools"] if e["desiredReplicas"] == 0 and e["engine"] == "Paged"]
     assert idle and all(e["reason"] == "NoReplicasAssigned" for e in idle)
+    # One Event for the rollout, named by the serving pool's reason, naming the idle pools too.
+    reason = next(e["reason"] for e in p.status["pools"] if e["servingEngine"] != "None")
+    assert [(e.type, e.reason) for e in p.events] == [("Normal", reason)]
+    assert all(e["name"] in p.events[0].message for e in idle) and "NoReplicasAssigned" in p.events[0].message
 
 
 def test_events_name_each_changed_pool_once_per_reason_and_readiness_in_one_event():
