@@ -43,6 +43,10 @@ def rope_cos_sin_cache(config: ModelConfig, device: torch.device) -> torch.Tenso
 # Rows the packed layout is chosen for: at 32 the layout served batch 1 and 128 within 6% of their own best
 # (33 matmuls of the `bench compare` model, 2 threads).
 PACKED_LINEAR_BATCH_HINT = 32
+# Smallest weight packed (elements; 512 x 512 = 1 MiB in float32). Each oneDNN call costs ~25-40 us more than MKL's
+# for a matrix that stays in cache: on the 96-wide demo model, packing every linear took the offline paged engine
+# from 4,545-4,770 to 2,348-3,455 tok/s (one thread); the `bench compare` model's smallest weight is 512 x 512.
+PACKED_LINEAR_MIN_WEIGHT = 512 * 512
 
 
 class PackedLinear(nn.Module):
@@ -75,10 +79,15 @@ def can_pack_linears(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replaces every nn.Linear of a float32 CPU model by a PackedLinear (serving only: the packed weights are
-    opaque, so export and weight loading use the model before this). Returns how many were replaced."""
-    targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+def pack_linears(model: nn.Module, min_weight: int = PACKED_LINEAR_MIN_WEIGHT) -> int:
+    """Replaces each nn.Linear of a float32 CPU model whose weight has at least min_weight elements by a
+    PackedLinear (serving only: the packed weights are opaque, so export and weight loading use the model before
+    this). Returns how many were replaced."""
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and module.weight.numel() >= min_weight
+    ]
     if not targets or not can_pack_linears(targets[0][1].weight.device, targets[0][1].weight.dtype):
         return 0
     for name, module in targets:

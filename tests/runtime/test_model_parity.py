@@ -53,7 +53,7 @@ def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_fact
     if packed:  # what ModelRunner serves with on a CPU
         if not can_pack_linears(torch.device("cpu"), torch.float32):
             pytest.skip("this torch has no oneDNN linear ops")
-        assert pack_linears(lm.model) == 4 * lm.config.num_layers + 1
+        assert pack_linears(lm.model, min_weight=0) == 4 * lm.config.num_layers + 1  # these models are small
     got = greedy_paged(lm.model, prompts, NUM_NEW_TOKENS, block_size=4, chunk_size=5)
     assert truncate_after_eos(got, lm.config.eos_token_ids) == expected
     # The reference must not be degenerate, or the comparison would prove little.

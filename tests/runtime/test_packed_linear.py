@@ -27,16 +27,19 @@ def test_packed_linear_equals_nn_linear(rows, bias):
         torch.testing.assert_close(packed(xt), linear(x), rtol=1e-5, atol=1e-5)
 
 
-def test_pack_linears_replaces_every_linear_of_a_float32_cpu_model_only():
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4, bias=False)))
-    x = torch.randn(3, 8)
+def test_pack_linears_replaces_the_large_linears_of_a_float32_cpu_model_only():
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Sequential(nn.Linear(1024, 512, bias=False)))
+    model.append(nn.Linear(512, 8))  # 4,096 elements: below PACKED_LINEAR_MIN_WEIGHT, stays nn.Linear
+    x = torch.randn(3, 512)
     with torch.inference_mode():
         expected = model(x)
         assert pack_linears(model) == 2
         assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
-        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
-    assert pack_linears(model) == 0  # nothing left to pack
+        assert isinstance(model[3], nn.Linear)
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
+    assert pack_linears(model) == 0  # nothing left that is large enough
+    assert pack_linears(model, min_weight=0) == 1
 
-    half = nn.Sequential(nn.Linear(8, 4)).to(torch.bfloat16)
+    half = nn.Sequential(nn.Linear(512, 1024)).to(torch.bfloat16)
     assert pack_linears(half) == 0
     assert isinstance(half[0], nn.Linear)
