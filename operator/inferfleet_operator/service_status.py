@@ -136,9 +136,7 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
         f"{x['name']} ({x['reason']})" for x in status["excludedPools"] if old_excluded.get(x["name"]) != x["reason"]
     ]
     if excluded:
-        _name_in_first_normal(
-            events, "PoolExcluded", f"{'Pool' if len(excluded) == 1 else 'Pools'} excluded: {'; '.join(excluded)}"
-        )
+        _name_in_first_normal(events, "PoolExcluded", line("excluded", excluded))
     old_conditions = c.by_type(previous.get("conditions"))
     good = []
     for cond in status["conditions"]:

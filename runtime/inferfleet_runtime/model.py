@@ -60,9 +60,8 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach()
-        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_LINEAR_BATCH_HINT))
+        weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_LINEAR_BATCH_HINT)
+        self.register_buffer("weight", weight)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
