@@ -6,4 +6,6 @@ import os
 # on a shared or small CPU that made every step several times slower with more than one torch thread. Sleeping
 # workers let the engine use every core. libgomp reads this once, when torch loads it, so it is set here, before
 # any module of the package imports torch; a value the user set wins.
+# Whether the policy is this package's default and not the user's (`bench compare` starts llama-server without it).
+OMP_WAIT_POLICY_IS_DEFAULT = "OMP_WAIT_POLICY" not in os.environ
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

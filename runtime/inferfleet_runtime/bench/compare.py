@@ -27,7 +27,12 @@ from pathlib import Path
 
 import httpx
 
+from inferfleet_runtime import OMP_WAIT_POLICY_IS_DEFAULT
+
 OURS, LLAMA = "inferfleet", "llama-server"
+# Environment that changes the servers' speed, printed with their commands: OpenMP's (torch and this llama-server
+# build both load libgomp) and llama.cpp's own.
+SPEED_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "LLAMA_ARG_")
 
 
 @dataclass
@@ -35,7 +40,7 @@ class ServerSpec:
     name: str
     argv: list[str]  # with {port} where the port goes
     ready_path: str  # GET answering 200 once the model is loaded
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # on top of this process's environment; None removes a variable
 
 
 @dataclass
@@ -130,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if args.result_json:
         config = {
             "model": str(model_dir),
-            "servers": {s.name: " ".join(s.argv) for s in specs},
+            "servers": {s.name: command_line(s) for s in specs},
             "concurrency": levels,
             "num_prompts": args.num_prompts,
             "input_len": list(input_len),
@@ -232,7 +237,9 @@ def llama_spec(binary: str, gguf: Path, args: argparse.Namespace) -> ServerSpec:
         str(ctx),
         *args.llama_server_args.split(),
     ]
-    return ServerSpec(LLAMA, argv, "/health")
+    # This llama-server build loads libgomp too: it runs under the user's OpenMP settings, not this package's default.
+    env = {"OMP_WAIT_POLICY": None} if OMP_WAIT_POLICY_IS_DEFAULT else {}
+    return ServerSpec(LLAMA, argv, "/health", env)
 
 
 def measure(spec: ServerSpec, prompts: list[list[int]], levels: list[int], args) -> list[LevelResult]:
@@ -242,7 +249,7 @@ def measure(spec: ServerSpec, prompts: list[list[int]], levels: list[int], args)
     # The server's log goes to a file, never to a pipe nobody reads: a full pipe would block the server mid-run.
     with tempfile.TemporaryFile(mode="w+") as log:
         process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **spec.env}, start_new_session=True
+            argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(spec), start_new_session=True
         )
         url = f"http://127.0.0.1:{port}"
         try:
@@ -390,10 +397,21 @@ def format_table(summary: dict, specs: list[ServerSpec], args) -> str:
             loads = loads + theirs["load_avg"]
         lines.append(row + f" | {min(loads):>5.1f}-{max(loads):<5.1f}")
     for spec in specs:
-        lines.append(f"{spec.name}: {' '.join(spec.argv)}")
+        lines.append(f"{spec.name}: {command_line(spec)}")
     if not has_llama:
         lines.append("llama-server: not run (not found)")
     return "\n".join(lines)
+
+
+def server_env(spec: ServerSpec) -> dict[str, str]:
+    return {k: v for k, v in {**os.environ, **spec.env}.items() if v is not None}
+
+
+def command_line(spec: ServerSpec) -> str:
+    """How the server was started, with the speed-related environment it ran under (inherited or its own)."""
+    env = server_env(spec)
+    settings = [f"{k}={env[k]}" for k in sorted(env) if k.startswith(SPEED_ENV_PREFIXES)]
+    return " ".join([*settings, *spec.argv])
 
 
 def write_plot(summary: dict, path: str) -> None:

@@ -3,13 +3,16 @@ writer produces a file the `gguf` reader parses with llama.cpp's names, shapes a
 
 from __future__ import annotations
 
+import argparse
 import json
 import stat
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from inferfleet_runtime.bench import compare
 from inferfleet_runtime.bench.gguf_export import rope_rows_interleaved, write_gguf
 from inferfleet_runtime.cli import main
 
@@ -95,10 +98,13 @@ def _run_compare(tiny_model, tmp_path, *extra):
 @pytest.mark.slow
 def test_without_llama_server_it_benchmarks_this_runtime_alone_and_says_so(tiny_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))  # no llama-server anywhere on PATH
+    monkeypatch.setenv("GOMP_SPINCOUNT", "3000")  # an OpenMP setting the server inherits: stated with its command
     code, result, png = _run_compare(tiny_model, tmp_path)
     assert code == 0
     printed = capsys.readouterr().out
     assert "benchmarking inferfleet alone" in printed and "llama-server: not run" in printed
+    command = "GOMP_SPINCOUNT=3000 OMP_WAIT_POLICY=PASSIVE " + sys.executable + " -m inferfleet_runtime.cli serve"
+    assert f"inferfleet: {command}" in printed and result["config"]["servers"]["inferfleet"].startswith(command)
     assert result["config"]["llama_server_found"] is False and list(result["rounds"]) == ["inferfleet"]
     for level in ("1", "2"):
         entry = result["summary"]["levels"][level]
@@ -140,6 +146,19 @@ os.execv(sys.executable, [sys.executable, "-m", "inferfleet_runtime.cli", "serve
         ours, theirs = entry["inferfleet"], entry["llama-server"]
         assert entry["ratio_best"] == pytest.approx(ours["best_tok_s"] / theirs["best_tok_s"])
     assert [lvl["output_tokens"] for lvl in result["rounds"]["llama-server"][0]] == [9, 9]
+
+
+def test_llama_server_runs_under_the_users_openmp_settings_not_this_packages_default(monkeypatch):
+    args = argparse.Namespace(input_len="32:128", output_len=64, parallel=32, threads=2, llama_server_args="")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "3000")
+    monkeypatch.setattr(compare, "OMP_WAIT_POLICY_IS_DEFAULT", True)  # set by importing the package
+    spec = compare.llama_spec("/opt/llama-server", Path("m.gguf"), args)
+    assert "OMP_WAIT_POLICY" not in compare.server_env(spec) and compare.server_env(spec)["GOMP_SPINCOUNT"] == "3000"
+    assert compare.command_line(spec).startswith("GOMP_SPINCOUNT=3000 /opt/llama-server -m m.gguf ")
+    monkeypatch.setattr(compare, "OMP_WAIT_POLICY_IS_DEFAULT", False)  # the user's own: both servers get it
+    spec = compare.llama_spec("/opt/llama-server", Path("m.gguf"), args)
+    assert compare.command_line(spec).startswith("GOMP_SPINCOUNT=3000 OMP_WAIT_POLICY=PASSIVE /opt/llama-server ")
 
 
 def test_a_missing_llama_server_binary_is_refused_with_one_line(tiny_model, tmp_path, capsys):
