@@ -40,7 +40,7 @@ class ServerSpec:
     name: str
     argv: list[str]  # with {port} where the port goes
     ready_path: str  # GET answering 200 once the model is loaded
-    env: dict = field(default_factory=dict)  # on top of this process's environment; None removes a variable
+    env: dict[str, str | None] = field(default_factory=dict)  # over this process's environment; None removes one
 
 
 @dataclass
