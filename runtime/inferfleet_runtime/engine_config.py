@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KERNEL_BACKENDS = ("auto", "triton", "reference")
+KERNEL_BACKENDS = ("auto", "triton", "native", "reference")
 
 
 @dataclass

@@ -56,7 +56,7 @@ def load_model(
     )
     device = pick_device(device)
     with torch.device("meta"):
-        model = LlamaModel(config, get_ops(kernels)).to(config.dtype)
+        model = LlamaModel(config, get_ops(kernels, config.dtype, device)).to(config.dtype)
     model = model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.embed_tokens.weight

@@ -1,4 +1,5 @@
-"""Kernel facade: `get_ops(backend)` gives the model its five hot ops, as torch references or Triton kernels."""
+"""Kernel facade: `get_ops(backend)` gives the model its five hot ops, as torch references, Triton kernels (GPUs)
+or native C kernels (float32 on a CPU, kernels/native.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ from dataclasses import dataclass
 
 import torch
 
-from . import activation, kv_cache, paged_attention, rms_norm, rotary
+from . import activation, kv_cache, native, paged_attention, rms_norm, rotary
 from ._triton import HAS_TRITON
 
-BACKENDS = ("reference", "triton", "auto")
+BACKENDS = ("reference", "triton", "native", "auto")
 
 
 @dataclass(frozen=True)
 class KernelOps:
     """The ops the model calls; see each kernel module for the math and layouts."""
 
-    backend: str  # "reference" or "triton", after resolving "auto"
+    backend: str  # "reference", "triton" or "native", after resolving "auto"
     rms_norm: Callable
     rotary: Callable
     silu_and_mul: Callable
@@ -43,6 +44,15 @@ TRITON_OPS = KernelOps(
     paged_attention=paged_attention.paged_attention,
 )
 
+NATIVE_OPS = KernelOps(
+    backend="native",
+    rms_norm=native.rms_norm,
+    rotary=native.rotary,
+    silu_and_mul=native.silu_and_mul,
+    write_kv=native.write_kv,
+    paged_attention=native.paged_attention,
+)
+
 
 def has_triton_device() -> bool:
     """True when torch sees a device Triton compiles for (CUDA, ROCm through torch.cuda, or XPU)."""
@@ -52,20 +62,32 @@ def has_triton_device() -> bool:
     return bool(xpu is not None and xpu.is_available())
 
 
-def resolve_backend(backend: str) -> str:
-    """ "auto" -> "triton" when a Triton device and triton are present, else "reference"."""
+def resolve_backend(backend: str, dtype: torch.dtype | None = None, device: torch.device | None = None) -> str:
+    """ "auto" -> "triton" when a Triton device and triton are present (and the model is not placed on the CPU);
+    else "native" for a float32 (or unstated) model when the native kernels build here; else "reference"."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernels backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        return "triton" if HAS_TRITON and has_triton_device() else "reference"
-    return backend
+    if backend != "auto":
+        return backend
+    on_cpu = device is not None and device.type == "cpu"
+    if not on_cpu and HAS_TRITON and has_triton_device():
+        return "triton"
+    if (device is None or on_cpu) and dtype in (None, torch.float32) and native.library() is not None:
+        return "native"
+    return "reference"
 
 
-def get_ops(backend: str = "auto") -> KernelOps:
-    """The ops for `backend` ("reference" | "triton" | "auto")."""
-    resolved = resolve_backend(backend)
+def get_ops(backend: str = "auto", dtype: torch.dtype | None = None, device: torch.device | None = None) -> KernelOps:
+    """The ops for `backend` ("reference" | "triton" | "native" | "auto") and a model of `dtype` on `device`."""
+    resolved = resolve_backend(backend, dtype, device)
     if resolved == "reference":
         return REFERENCE_OPS
+    if resolved == "native":
+        if dtype not in (None, torch.float32) or (device is not None and device.type != "cpu"):
+            raise ValueError(f"kernels='native' runs float32 models on a CPU, not {dtype} on {device}")
+        if native.library() is None:
+            raise RuntimeError(native.unavailable_reason())
+        return NATIVE_OPS
     if not HAS_TRITON:
         raise RuntimeError("kernels='triton' needs the `triton` package, which is not importable here")
     return TRITON_OPS

@@ -1,4 +1,4 @@
-"""get_ops picks the reference or Triton backend; the Triton kernels run on CPU only under the interpreter."""
+"""get_ops picks the reference, Triton or native backend; the Triton kernels run on CPU only under the interpreter."""
 
 from __future__ import annotations
 
@@ -29,9 +29,16 @@ def test_triton_backend_uses_the_launchers():
     assert ops.rms_norm is kernels.rms_norm.rms_norm
 
 
-def test_auto_picks_reference_without_a_triton_device(monkeypatch):
+def test_auto_picks_reference_without_a_triton_device_or_native_kernels(monkeypatch):
     monkeypatch.setattr(kernels, "has_triton_device", lambda: False)
+    monkeypatch.setattr(kernels.native, "library", lambda: None)
     assert get_ops("auto").backend == "reference"
+
+
+def test_auto_keeps_a_cpu_model_off_the_triton_device(monkeypatch):
+    monkeypatch.setattr(kernels, "has_triton_device", lambda: True)
+    monkeypatch.setattr(kernels.native, "library", lambda: None)
+    assert get_ops("auto", torch.float32, torch.device("cpu")).backend == "reference"
 
 
 def test_auto_picks_triton_on_a_triton_device(monkeypatch):

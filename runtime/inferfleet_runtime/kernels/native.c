@@ -1,0 +1,204 @@
+/* CPU kernels of the "native" backend: float32, one C call per op instead of the reference's chains of torch ops.
+ *
+ * Built at first use by native.py (cc -O3 -march=native -fopenmp) and called through ctypes with raw pointers;
+ * every shape, stride and layout check happens in native.py before the call. The math of each op is its
+ * reference's in the module named beside it (rms_norm.py, rotary.py, activation.py, kv_cache.py,
+ * paged_attention.py). Written for this project; the attention is the online-softmax (flash) formulation
+ * over the block-table cache layout.
+ *
+ * Parallelism: only the attention has enough work per call to pay for waking threads; it runs its
+ * (token, kv head) items on up to `num_threads` OpenMP threads (the libgomp torch already loaded, so one
+ * thread pool). The element-wise ops run on the calling thread.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* e^x in a form the compiler vectorizes (libm's expf is a scalar call unless -ffast-math, which would also change
+ * the process's denormal handling): x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
+ * (truncation error below 1.3e-7 relative), times 2^n built in the exponent bits. Inputs are clamped to
+ * [-87, 88], so -inf gives ~1.6e-38 where a softmax needs 0: callers multiply it into sums that are still 0. */
+static inline float fast_exp(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f; /* ln2 in two parts */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* out[t] = r * rsqrt(mean(r^2) + eps) * weight, r = x[t] (+ residual[t], also written to residual_out[t]). */
+void inferfleet_rms_norm(const float *x, int64_t x_stride, const float *residual, const float *weight, float *out,
+                         float *residual_out, int64_t num_tokens, int64_t hidden, float eps) {
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const float *xt = x + t * x_stride;
+        float *ot = out + t * hidden;
+        const float *r = xt;
+        if (residual) {
+            float *rt = residual_out + t * hidden;
+            const float *res = residual + t * hidden;
+#pragma omp simd
+            for (int64_t i = 0; i < hidden; i++) rt[i] = xt[i] + res[i];
+            r = rt;
+        }
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < hidden; i++) sum += r[i] * r[i];
+        const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < hidden; i++) ot[i] = r[i] * inv * weight[i];
+    }
+}
+
+/* Rotates the first and second halves of each head (GPT-NeoX layout) by the position's cos/sin row:
+ * out = (x1 cos - x2 sin, x2 cos + x1 sin). x rows are token_stride apart, heads head_dim apart. */
+static void rotate_heads(const float *x, int64_t token_stride, float *out, const int64_t *positions,
+                         const float *cos_sin, int64_t num_tokens, int64_t num_heads, int64_t head_dim) {
+    const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const float *cos = cos_sin + positions[t] * head_dim, *sin = cos + half;
+        for (int64_t h = 0; h < num_heads; h++) {
+            const float *x1 = x + t * token_stride + h * head_dim, *x2 = x1 + half;
+            float *o1 = out + (t * num_heads + h) * head_dim, *o2 = o1 + half;
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                o1[i] = x1[i] * cos[i] - x2[i] * sin[i];
+                o2[i] = x2[i] * cos[i] + x1[i] * sin[i];
+            }
+        }
+    }
+}
+
+void inferfleet_rotary(const float *q, int64_t q_stride, const float *k, int64_t k_stride, float *q_out, float *k_out,
+                       const int64_t *positions, const float *cos_sin, int64_t num_tokens, int64_t num_q_heads,
+                       int64_t num_kv_heads, int64_t head_dim) {
+    rotate_heads(q, q_stride, q_out, positions, cos_sin, num_tokens, num_q_heads, head_dim);
+    rotate_heads(k, k_stride, k_out, positions, cos_sin, num_tokens, num_kv_heads, head_dim);
+}
+
+/* out[t] = silu(x[t, :I]) * x[t, I:] */
+void inferfleet_silu_and_mul(const float *x, float *out, int64_t num_tokens, int64_t inter) {
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const float *gate = x + t * 2 * inter, *up = gate + inter;
+        float *o = out + t * inter;
+#pragma omp simd
+        for (int64_t i = 0; i < inter; i++) o[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
+    }
+}
+
+/* Cache row slots[t] (of width row = Hkv * D) <- key/value row t. */
+void inferfleet_write_kv(const float *key, int64_t key_stride, const float *value, int64_t value_stride,
+                         float *key_cache, float *value_cache, const int64_t *slots, int64_t num_tokens, int64_t row) {
+    for (int64_t t = 0; t < num_tokens; t++) {
+        float *kc = key_cache + slots[t] * row, *vc = value_cache + slots[t] * row;
+        const float *kt = key + t * key_stride, *vt = value + t * value_stride;
+#pragma omp simd
+        for (int64_t i = 0; i < row; i++) {
+            kc[i] = kt[i];
+            vc[i] = vt[i];
+        }
+    }
+}
+
+/* One query token, all its heads, over keys 0..last of its sequence, a cache block at a time: the block's
+ * rows are read in order (every kv head of a row is adjacent), each kv head's row once for its whole GQA
+ * group; per block, each head's scores, then one online-softmax rescale of its accumulator. */
+static void attend(const float *q, float *out, const float *key_cache, const float *value_cache,
+                   const int32_t *block_table, int64_t last, int64_t num_q_heads, int64_t num_kv_heads,
+                   int64_t head_dim, int64_t block_size, float scale) {
+    /* On the stack: num_q_heads * (head_dim + block_size + 2) floats (Llama-3-70B: 64 * 146, 37 KiB). */
+    float acc[num_q_heads][head_dim];
+    float scores[num_q_heads][block_size];
+    float running_max[num_q_heads], running_sum[num_q_heads];
+    for (int64_t h = 0; h < num_q_heads; h++) {
+        running_max[h] = -INFINITY;
+        running_sum[h] = 0.0f;
+        for (int64_t d = 0; d < head_dim; d++) acc[h][d] = 0.0f;
+    }
+    const int64_t group = num_q_heads / num_kv_heads, row = num_kv_heads * head_dim;
+    for (int64_t start = 0; start <= last; start += block_size) {
+        const int64_t n = (last - start + 1) < block_size ? (last - start + 1) : block_size;
+        const int64_t base = (int64_t)block_table[start / block_size] * block_size * row;
+        const float *keys = key_cache + base, *values = value_cache + base;
+        for (int64_t j = 0; j < n; j++) {
+            for (int64_t h = 0; h < num_q_heads; h++) {
+                const float *qh = q + h * head_dim, *kj = keys + j * row + (h / group) * head_dim;
+                float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                for (int64_t d = 0; d < head_dim; d++) s += qh[d] * kj[d];
+                scores[h][j] = s * scale;
+            }
+        }
+        for (int64_t h = 0; h < num_q_heads; h++) {
+            float block_max = -INFINITY;
+            for (int64_t j = 0; j < n; j++) block_max = scores[h][j] > block_max ? scores[h][j] : block_max;
+            const float new_max = block_max > running_max[h] ? block_max : running_max[h];
+            const float correction = fast_exp(running_max[h] - new_max); /* ~0 on the first block (-inf) */
+            running_max[h] = new_max;
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < n; j++) {
+                scores[h][j] = fast_exp(scores[h][j] - new_max);
+                sum += scores[h][j];
+            }
+            running_sum[h] = running_sum[h] * correction + sum;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; d++) acc[h][d] *= correction;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            for (int64_t h = 0; h < num_q_heads; h++) {
+                const float p = scores[h][j], *vj = values + j * row + (h / group) * head_dim;
+                float *a = acc[h];
+#pragma omp simd
+                for (int64_t d = 0; d < head_dim; d++) a[d] += p * vj[d];
+            }
+        }
+    }
+    for (int64_t h = 0; h < num_q_heads; h++) {
+        const float inv = 1.0f / running_sum[h];
+        float *o = out + h * head_dim;
+        for (int64_t d = 0; d < head_dim; d++) o[d] = acc[h][d] * inv;
+    }
+}
+
+/* Causal attention of each new token over its sequence's cached context (paged_attention.py's layouts).
+ * query_start_loc NULL: decode, token i is sequence i's only new token. Returns 0, or -1 when a buffer
+ * could not be allocated. */
+int inferfleet_paged_attention(const float *query, float *out, const float *key_cache, const float *value_cache,
+                               const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
+                               const int32_t *query_start_loc, int64_t num_seqs, int64_t num_tokens,
+                               int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                               float scale, int num_threads) {
+    /* Each token's sequence and position, so the tokens below are independent. */
+    int64_t *token_seq = malloc(sizeof(int64_t) * num_tokens * 2);
+    if (!token_seq) return -1;
+    int64_t *token_pos = token_seq + num_tokens;
+    int64_t num_keys = 0;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t begin = query_start_loc ? query_start_loc[b] : b;
+        const int64_t end = query_start_loc ? query_start_loc[b + 1] : b + 1;
+        for (int64_t t = begin; t < end; t++) {
+            token_seq[t] = b;
+            token_pos[t] = seq_lens[b] - (end - t);
+            num_keys += token_pos[t] + 1;
+        }
+    }
+    /* Below ~1k key rows (tens of microseconds) waking threads costs about what it saves. */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_keys >= 1024)
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const int64_t offset = t * num_q_heads * head_dim;
+        attend(query + offset, out + offset, key_cache, value_cache, block_tables + token_seq[t] * block_table_stride,
+               token_pos[t], num_q_heads, num_kv_heads, head_dim, block_size, scale);
+    }
+    free(token_seq);
+    return 0;
+}

@@ -1,0 +1,208 @@
+"""The "native" backend: the five ops as C kernels for float32 on a CPU (native.c), built at first use.
+
+On a CPU the reference runs each op as a chain of torch ops, and a batch-1 decode step of a small model is
+mostly their per-call overhead (~600 calls; `python -m inferfleet_runtime.bench.step_profile`); its attention
+also copies every sequence's blocks out of the cache before attending. These kernels are one call per op and
+attend over the cache in place.
+
+Build: `cc -O3 -march=native -fopenmp -shared` (the compiler from $CC, else `cc`) into
+$INFERFLEET_KERNEL_CACHE, else $XDG_CACHE_HOME/inferfleet/kernels, else ~/.cache/inferfleet/kernels; the file
+name carries a hash of the source, the flags, the compiler's version and this CPU's feature flags, so a cache
+shared between different machines never loads a build for another CPU. No compiler, or a failed build: `library()`
+is None, `unavailable_reason()` says why, and the "auto" backend is the reference (kernels.resolve_backend).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("inferfleet_runtime")
+
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC")
+
+_i64, _f32, _ptr, _int = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
+SIGNATURES = {
+    "inferfleet_rms_norm": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32]),
+    "inferfleet_rotary": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
+    "inferfleet_silu_and_mul": (None, [_ptr, _ptr, _i64, _i64]),
+    "inferfleet_write_kv": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
+    "inferfleet_paged_attention": (
+        _int,
+        [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int],
+    ),
+}
+
+
+def cache_dir() -> Path:
+    if explicit := os.environ.get("INFERFLEET_KERNEL_CACHE"):
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inferfleet" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def _build(compiler: str) -> Path:
+    """Compiles native.c unless this machine's build is cached; returns the shared library's path."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(), _cpu_flags()]).encode()
+    ).hexdigest()[:16]
+    target = cache_dir() / f"native-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed into place: processes starting together never load a half-written file.
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".native-", suffix=".so")
+    os.close(fd)
+    try:
+        result = subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+_unavailable: list[str] = []  # why library() is None, once it has been tried
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The built kernels, or None (logged once, with the reason) when they cannot be built or loaded here."""
+    compiler = os.environ.get("CC") or "cc"
+    try:
+        path = _build(compiler)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        _unavailable.append(f"native kernels unavailable ({e}); using the torch reference ops")
+        logger.warning(_unavailable[0])
+        return None
+    for name, (restype, argtypes) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    return None if library() is not None else _unavailable[0]
+
+
+def _check(name: str, t: torch.Tensor, dims: int) -> None:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != dims or t.stride(-1) != 1:
+        raise ValueError(
+            f"native kernels take float32 CPU tensors with a contiguous last dim; {name} is {t.dtype} on "
+            f"{t.device} with shape {tuple(t.shape)} and strides {t.stride()}"
+        )
+
+
+def rms_norm(x, weight, eps, residual=None):
+    """rms_norm.rms_norm_reference's contract: (out, residual_out); x [T, H] with contiguous rows."""
+    _check("x", x, 2)
+    num_tokens, hidden = x.shape
+    out = torch.empty(num_tokens, hidden)
+    if residual is None:
+        library().inferfleet_rms_norm(x.data_ptr(), x.stride(0), None, weight.data_ptr(), out.data_ptr(), None,
+                                      num_tokens, hidden, eps)  # fmt: skip
+        return out, x
+    residual = residual.contiguous()
+    residual_out = torch.empty(num_tokens, hidden)
+    library().inferfleet_rms_norm(x.data_ptr(), x.stride(0), residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                                  residual_out.data_ptr(), num_tokens, hidden, eps)  # fmt: skip
+    return out, residual_out
+
+
+def _token_stride(name: str, t: torch.Tensor) -> int:
+    """Row stride of [T, H, D] whose heads are packed within a row (a column slice of the fused qkv output)."""
+    _check(name, t, 3)
+    if t.stride(1) != t.shape[2]:
+        raise ValueError(f"native kernels need {name}'s heads packed in each row; strides {t.stride()}")
+    return t.stride(0)
+
+
+def rotary(query, key, positions, cos_sin_cache):
+    """rotary.rotary_reference's contract: rotated (query, key) as new contiguous tensors."""
+    q_stride, k_stride = _token_stride("query", query), _token_stride("key", key)
+    num_tokens, num_q_heads, head_dim = query.shape
+    q_out, k_out = torch.empty(query.shape), torch.empty(key.shape)
+    positions = positions.to(torch.int64).contiguous()
+    cos_sin_cache = cos_sin_cache.contiguous()
+    library().inferfleet_rotary(query.data_ptr(), q_stride, key.data_ptr(), k_stride, q_out.data_ptr(),
+                                k_out.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), num_tokens,
+                                num_q_heads, key.shape[1], head_dim)  # fmt: skip
+    return q_out, k_out
+
+
+def silu_and_mul(x):
+    """activation.silu_and_mul_reference's contract: x [T, 2I] -> [T, I]."""
+    x = x.contiguous()
+    _check("x", x, 2)
+    num_tokens, inter = x.shape[0], x.shape[1] // 2
+    out = torch.empty(num_tokens, inter)
+    library().inferfleet_silu_and_mul(x.data_ptr(), out.data_ptr(), num_tokens, inter)
+    return out
+
+
+def write_kv(key, value, key_cache, value_cache, slot_mapping):
+    """kv_cache.write_kv_reference's contract: in-place scatter of key/value rows into the caches."""
+    k_stride, v_stride = _token_stride("key", key), _token_stride("value", value)
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _check(name, cache, 4)
+        if not cache.is_contiguous():
+            raise ValueError(f"native kernels need a contiguous {name}")
+    slots = slot_mapping.to(torch.int64).contiguous()
+    library().inferfleet_write_kv(key.data_ptr(), k_stride, value.data_ptr(), v_stride, key_cache.data_ptr(),
+                                  value_cache.data_ptr(), slots.data_ptr(), key.shape[0],
+                                  key.shape[1] * key.shape[2])  # fmt: skip
+
+
+def paged_attention(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    query_start_loc=None,
+    max_query_len=1,
+    max_seq_len=None,
+):
+    """paged_attention.paged_attention_reference's contract (max_query_len and max_seq_len are not needed here:
+    the kernel reads each sequence's own lengths)."""
+    query = query.contiguous()
+    _check("query", query, 3)
+    num_tokens, num_q_heads, head_dim = query.shape
+    out = torch.empty(query.shape)
+    if num_tokens == 0:
+        return out
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    block_tables = block_tables.to(torch.int32).contiguous()
+    seq_lens = seq_lens.to(torch.int32).contiguous()
+    loc = None if query_start_loc is None else query_start_loc.to(torch.int32).contiguous()
+    code = library().inferfleet_paged_attention(
+        query.data_ptr(), out.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), seq_lens.data_ptr(), None if loc is None else loc.data_ptr(), seq_lens.shape[0],
+        num_tokens, num_q_heads, num_kv_heads, head_dim, block_size, scale, torch.get_num_threads(),
+    )  # fmt: skip
+    if code != 0:
+        raise MemoryError("native paged attention could not allocate its token table")
+    return out

@@ -1,0 +1,174 @@
+"""The native (C, CPU float32) kernels match their torch references, the model through them gives the reference's
+greedy tokens, and the facade picks them on a CPU only when they build."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import inferfleet_runtime.kernels as kernels
+from inferfleet_runtime.kernels import REFERENCE_OPS, get_ops, native
+from inferfleet_runtime.loader import load_model
+
+from ..paged_greedy import greedy_paged
+from .test_paged_attention import DECODE_SEQ_LENS, VARLEN_BATCH, make_paged_batch, varlen_query
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
+
+NATIVE = get_ops("native")
+TOLERANCE = dict(atol=2e-5, rtol=2e-5)
+HEAD_CONFIGS = [(4, 4), (4, 2), (8, 2), (4, 1)]  # GQA ratios 1, 2, 4 and MQA
+
+
+def fused_qkv(num_tokens, num_heads, num_kv_heads, head_dim, seed=0):
+    """q, k, v as the model has them: column slices of one fused projection (rows strided, heads packed)."""
+    gen = torch.Generator().manual_seed(seed)
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size, generator=gen)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    return (
+        q.view(num_tokens, num_heads, head_dim),
+        k.view(num_tokens, num_kv_heads, head_dim),
+        v.view(num_tokens, num_kv_heads, head_dim),
+    )
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_reference(with_residual):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 96, generator=gen)[:, :80]  # rows strided: a slice of a wider tensor
+    weight = torch.randn(80, generator=gen)
+    residual = torch.randn(7, 80, generator=gen) if with_residual else None
+    out, residual_out = NATIVE.rms_norm(x, weight, 1e-5, residual)
+    expected, expected_residual = REFERENCE_OPS.rms_norm(x, weight, 1e-5, residual)
+    torch.testing.assert_close(out, expected, **TOLERANCE)
+    torch.testing.assert_close(residual_out, expected_residual, **TOLERANCE)
+
+
+@pytest.mark.parametrize("head_dim", [16, 80, 128])
+def test_rotary_matches_reference_on_fused_qkv_slices(head_dim):
+    q, k, _ = fused_qkv(6, 8, 2, head_dim)
+    cos_sin_cache = torch.randn(64, head_dim)
+    positions = torch.tensor([0, 5, 63, 7, 7, 31])
+    got = NATIVE.rotary(q, k, positions, cos_sin_cache)
+    expected = REFERENCE_OPS.rotary(q, k, positions, cos_sin_cache)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, **TOLERANCE)
+
+
+def test_silu_and_mul_matches_reference_over_the_whole_range():
+    x = torch.linspace(-120, 120, 9 * 2 * 50).reshape(9, 100)  # exp's clamps at both ends included
+    torch.testing.assert_close(NATIVE.silu_and_mul(x), REFERENCE_OPS.silu_and_mul(x), **TOLERANCE)
+
+
+def test_write_kv_matches_reference():
+    _, k, v = fused_qkv(5, 4, 2, 16)
+    caches = [torch.zeros(6, 4, 2, 16) for _ in range(4)]
+    slots = torch.tensor([3, 17, 4, 22, 9])
+    NATIVE.write_kv(k, v, caches[0], caches[1], slots)
+    REFERENCE_OPS.write_kv(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("heads", HEAD_CONFIGS, ids=lambda h: f"h{h[0]}kv{h[1]}")
+def test_decode_attention_matches_reference(block_size, head_dim, heads):
+    num_heads, num_kv_heads = heads
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch(
+        DECODE_SEQ_LENS + [300], block_size, num_kv_heads, head_dim, torch.float32
+    )
+    query = torch.randn(len(DECODE_SEQ_LENS) + 1, num_heads, head_dim, generator=torch.Generator().manual_seed(2))
+    args = (query, key_cache, value_cache, block_tables, seq_lens, head_dim**-0.5)
+    torch.testing.assert_close(NATIVE.paged_attention(*args), REFERENCE_OPS.paged_attention(*args), **TOLERANCE)
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("heads", HEAD_CONFIGS, ids=lambda h: f"h{h[0]}kv{h[1]}")
+def test_prefill_and_extend_attention_match_reference(block_size, heads):
+    num_heads, num_kv_heads, head_dim = heads[0], heads[1], 64
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch(
+        [s for s, _ in VARLEN_BATCH], block_size, num_kv_heads, head_dim, torch.float32
+    )
+    query, query_start_loc, max_q = varlen_query(VARLEN_BATCH, num_heads, head_dim, torch.float32)
+    args = (query, key_cache, value_cache, block_tables, seq_lens, head_dim**-0.5)
+    kwargs = dict(query_start_loc=query_start_loc, max_query_len=max_q)
+    got = NATIVE.paged_attention(*args, **kwargs)
+    torch.testing.assert_close(got, REFERENCE_OPS.paged_attention(*args, **kwargs), **TOLERANCE)
+
+
+def test_attention_on_many_threads_matches_one(monkeypatch):
+    """Enough key rows that the kernel runs its tokens on an OpenMP team: the same result as one thread."""
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([500] * 8, 16, 2, 64, torch.float32)
+    query = torch.randn(8, 4, 64, generator=torch.Generator().manual_seed(3))
+    args = (query, key_cache, value_cache, block_tables, seq_lens, 0.125)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = NATIVE.paged_attention(*args)
+        torch.set_num_threads(2)
+        two = NATIVE.paged_attention(*args)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    torch.testing.assert_close(two, REFERENCE_OPS.paged_attention(*args), **TOLERANCE)
+
+
+def test_wrong_dtype_is_refused_with_the_tensor_named():
+    with pytest.raises(ValueError, match="float32 CPU tensors.*x is torch.float16"):
+        NATIVE.rms_norm(torch.randn(2, 8).half(), torch.ones(8), 1e-5)
+    with pytest.raises(ValueError, match="runs float32 models on a CPU"):
+        get_ops("native", torch.float16)
+
+
+@pytest.mark.slow
+def test_greedy_tokens_through_native_kernels_match_reference(tiny_llama_factory):
+    model_dir = tiny_llama_factory("native-gqa", num_attention_heads=4, num_key_value_heads=2)
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 384, (n,), generator=gen).tolist() for n in [1, 3, 8, 13]]
+    reference = load_model(model_dir, device="cpu", kernels="reference")
+    expected = greedy_paged(reference.model, prompts, 5, block_size=4, chunk_size=5)
+    native_lm = load_model(model_dir, device="cpu", kernels="auto")
+    assert native_lm.model.ops.backend == "native"
+    assert greedy_paged(native_lm.model, prompts, 5, block_size=4, chunk_size=5) == expected
+    assert len({tuple(out) for out in expected}) == len(prompts), "degenerate reference outputs prove little"
+
+
+def test_auto_picks_native_for_float32_on_a_cpu(monkeypatch):
+    monkeypatch.setattr(kernels, "has_triton_device", lambda: False)
+    assert get_ops("auto", torch.float32, torch.device("cpu")).backend == "native"
+    assert get_ops("auto", torch.float16, torch.device("cpu")).backend == "reference"
+
+
+@pytest.mark.slow
+def test_without_a_compiler_auto_falls_back_to_reference_and_says_why(tmp_path):
+    code = (
+        "import torch, inferfleet_runtime.kernels as k\n"
+        "print(k.get_ops('auto', torch.float32, torch.device('cpu')).backend)\n"
+        "print(k.native.unavailable_reason())\n"
+    )
+    env = dict(os.environ, CC=str(tmp_path / "no-such-cc"), INFERFLEET_KERNEL_CACHE=str(tmp_path / "kernels"))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    backend, reason = result.stdout.splitlines()
+    assert backend == "reference"
+    assert "native kernels unavailable" in reason and "no-such-cc" in reason
+    assert "native kernels unavailable" in result.stderr  # logged as a warning too
+
+
+@pytest.mark.slow
+def test_build_lands_in_the_kernel_cache_and_is_reused(tmp_path):
+    code = "import inferfleet_runtime.kernels.native as n; print(n.library() is not None)"
+    env = dict(os.environ, INFERFLEET_KERNEL_CACHE=str(tmp_path))
+    built_at = []
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert result.stdout.strip() == "True", result.stderr
+        built = list(tmp_path.glob("native-*.so"))
+        assert len(built) == 1 and not list(tmp_path.glob(".native-*")), list(tmp_path.iterdir())
+        built_at.append(built[0].stat().st_mtime_ns)
+    assert built_at[0] == built_at[1], "the second process rebuilt instead of loading the cached build"
