@@ -42,7 +42,8 @@ RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
  && pip wheel -q --no-deps -w /wheels /src
 
 FROM ${BASE_IMAGE}
-# g++ with OpenMP: AOTInductor compiles engines with it (compile Jobs run this image).
+# g++ with OpenMP: AOTInductor compiles engines with it (compile Jobs run this image), and serving pods
+# build the native CPU kernels with it at start (kernels/native.py).
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       python3 python3-dev g++ libgomp1 ca-certificates \

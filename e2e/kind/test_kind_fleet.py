@@ -231,6 +231,9 @@ def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluste
     [pod] = kind_cluster.items("pods", demo, selector="inferfleet.dev/service=demo")
     assert pod["spec"]["containers"][0]["image"] == kind_cluster.runtime_image
     assert pod["spec"]["nodeName"] == kind_cluster.env["KIND_NODE"]  # the real node, not a KWOK one
+    # The C kernels, built by the pod itself at start (g++ in the image, native.c in the wheel, cache under /tmp).
+    logs = kind_cluster.kubectl("logs", pod["metadata"]["name"], "-n", demo).stdout
+    assert "float32 on cpu, kernels native" in logs, logs[-2000:]
     with port_forward(kind_cluster, demo, "service/demo", 8000) as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
         began = time.monotonic()

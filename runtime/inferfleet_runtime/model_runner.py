@@ -6,6 +6,7 @@ It implements `runner.Runner` over the paged KV cache (the compiled engine's `Co
 from __future__ import annotations
 
 import itertools
+import logging
 from pathlib import Path
 
 import torch
@@ -21,6 +22,8 @@ from inferfleet_runtime.model import pack_linears
 from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # KV budget on a CPU when none is given
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading the weights
@@ -41,6 +44,11 @@ class ModelRunner:
         self.num_kv_blocks = config.num_kv_blocks or self._num_blocks_for_budget(config)
         self.kv_caches = allocate_kv_cache(loaded.config, self.num_kv_blocks, self.block_size, self.device)
         self.sampler = Sampler(self.device, seed=config.seed)
+        log.info(
+            "%s: %s on %s, kernels %s, %d KV blocks of %d tokens",
+            self.model_name, str(loaded.config.dtype).removeprefix("torch."), self.device, self.ops.backend,
+            self.num_kv_blocks, self.block_size,
+        )  # fmt: skip
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, config: EngineConfig, model_name: str | None = None) -> ModelRunner:

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from inferfleet_runtime.cli import main
+from inferfleet_runtime.kernels import native
 from inferfleet_runtime.server import cli as serve_cli
 
 from .server_harness import free_port
@@ -74,12 +75,8 @@ def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_
             "127.0.0.1",
             "--port",
             str(port),
-            "--kernels",
-            "reference",
             "--num-kv-blocks",
             "256",
-            "--log-level",
-            "warning",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -115,6 +112,9 @@ def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+    # The default kernels: the C kernels where they build (this machine has a compiler), said at start-up.
+    kernels = "native" if native.library() is not None else "reference"
+    assert f": float32 on cpu, kernels {kernels}, 256 KV blocks of 16 tokens" in proc.stdout.read()
 
 
 def parse_serve(*argv):
