@@ -14,6 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE__
+#include <xmmintrin.h>
+#endif
 
 /* e^x in a form the compiler vectorizes (libm's expf is a scalar call unless -ffast-math, which would also change
  * the process's denormal handling): x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
@@ -85,14 +88,26 @@ void inferfleet_rotary(const float *q, int64_t q_stride, const float *k, int64_t
     rotate_heads(k, k_stride, k_out, positions, cos_sin, num_tokens, num_kv_heads, head_dim);
 }
 
-/* out[t] = silu(x[t, :I]) * x[t, I:] */
+/* out[t] = silu(x[t, :I]) * x[t, I:]
+ *
+ * Run with denormals flushed to zero (x86's MXCSR FTZ and DAZ, restored on return): the vectorized loop also
+ * evaluates fast_exp's clamped branch for every lane, gate / (1 + e^88), a denormal for any |gate| < ~2, and each
+ * denormal result costs Intel cores a microcode assist: 225 us instead of 25 us for 32 x 1376 values. Only values
+ * below 1.2e-38 change (to 0). */
 void inferfleet_silu_and_mul(const float *x, float *out, int64_t num_tokens, int64_t inter) {
+#ifdef __SSE__
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+#endif
     for (int64_t t = 0; t < num_tokens; t++) {
         const float *gate = x + t * 2 * inter, *up = gate + inter;
         float *o = out + t * inter;
 #pragma omp simd
         for (int64_t i = 0; i < inter; i++) o[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
     }
+#ifdef __SSE__
+    _mm_setcsr(csr);
+#endif
 }
 
 /* Cache row slots[t] (of width row = Hkv * D) <- key/value row t. */
