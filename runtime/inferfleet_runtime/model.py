@@ -9,7 +9,7 @@ from torch import nn
 
 from .attention import AttentionBackend
 from .config import ModelConfig
-from .kernels import KernelOps
+from .kernels import KernelOps, native
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -78,20 +78,45 @@ def can_pack_linears(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+class NativeLinear(nn.Module):
+    """nn.Linear (x W^T + b over [T, in] rows) for the native kernel backend: its weight repacked once into the
+    panels of native.c's matmul, which streams each weight once per call and keeps a block of rows in registers
+    (kernels/native.py `linear`)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.out_features = linear.out_features
+        self.register_buffer("weight", native.pack_linear(linear.weight.detach().contiguous()))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        return native.linear(x, self.weight, self.bias, self.out_features)  # [T, out]
+
+
 def pack_linears(model: nn.Module, min_weight: int = PACKED_LINEAR_MIN_WEIGHT) -> int:
-    """Replaces each nn.Linear of a float32 CPU model whose weight has at least min_weight elements by a
-    PackedLinear (serving only: the packed weights are opaque, so export and weight loading use the model before
-    this). Returns how many were replaced."""
+    """Replaces the nn.Linear layers of a float32 CPU model for serving (the packed weights are opaque, so export
+    and weight loading use the model before this): every one by a NativeLinear when the model runs the native
+    kernels, else each whose weight has at least min_weight elements by a PackedLinear (oneDNN). Returns how many
+    were replaced."""
+    native_backend = getattr(getattr(model, "ops", None), "backend", None) == "native"
     targets = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and module.weight.numel() >= min_weight
+        if isinstance(module, nn.Linear) and (native_backend or module.weight.numel() >= min_weight)
     ]
-    if not targets or not can_pack_linears(targets[0][1].weight.device, targets[0][1].weight.dtype):
+    if not targets:
+        return 0
+    device, dtype = targets[0][1].weight.device, targets[0][1].weight.dtype
+    if native_backend and device.type == "cpu" and dtype == torch.float32:
+        replacement = NativeLinear
+    elif can_pack_linears(device, dtype):
+        replacement = PackedLinear
+    else:
         return 0
     for name, module in targets:
         parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), leaf, PackedLinear(module))
+        setattr(model.get_submodule(parent_name), leaf, replacement(module))
     return len(targets)
 
 

@@ -32,7 +32,7 @@ DEFAULT_GPU_KV_FRACTION = 0.8  # of the device memory still free after loading t
 class ModelRunner:
     def __init__(self, loaded, config: EngineConfig, model_name: str | None = None):
         self.model, self.ops = loaded.model, loaded.model.ops
-        pack_linears(self.model)  # float32 on a CPU: oneDNN's blocked weight layout (a no-op elsewhere)
+        pack_linears(self.model)  # float32 on a CPU: packed weights, native or oneDNN (a no-op elsewhere)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inferfleet_runtime.kernels import native
 from inferfleet_runtime.loader import load_model
 from inferfleet_runtime.model import can_pack_linears, pack_linears
 
@@ -39,9 +40,9 @@ NUM_NEW_TOKENS = 10
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("packed", [False, True], ids=["nn-linear", "packed-linear"])
+@pytest.mark.parametrize("linears", ["nn-linear", "packed-linear", "native-linear"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_factory, name, packed):
+def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_factory, name, linears):
     model_dir = tiny_llama_factory(name, **CONFIGS[name])
     gen = torch.Generator().manual_seed(len(name))
     prompts = [torch.randint(3, 384, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
@@ -49,10 +50,13 @@ def test_greedy_matches_transformers_for_batched_chunked_prompts(tiny_llama_fact
 
     hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     expected = hf_greedy(hf_model, prompts, NUM_NEW_TOKENS)
-    lm = load_model(model_dir, device="cpu", kernels="reference")
-    if packed:  # what ModelRunner serves with on a CPU
-        if not can_pack_linears(torch.device("cpu"), torch.float32):
-            pytest.skip("this torch has no oneDNN linear ops")
+    # What ModelRunner serves with on a CPU: the native kernels with their matmul, or oneDNN's packed weights.
+    if linears == "native-linear" and native.library() is None:
+        pytest.skip(native.unavailable_reason())
+    lm = load_model(model_dir, device="cpu", kernels="native" if linears == "native-linear" else "reference")
+    if linears == "packed-linear" and not can_pack_linears(torch.device("cpu"), torch.float32):
+        pytest.skip("this torch has no oneDNN linear ops")
+    if linears != "nn-linear":
         assert pack_linears(lm.model, min_weight=0) == 4 * lm.config.num_layers + 1  # these models are small
     got = greedy_paged(lm.model, prompts, NUM_NEW_TOKENS, block_size=4, chunk_size=5)
     assert truncate_after_eos(got, lm.config.eos_token_ids) == expected

@@ -5,8 +5,8 @@ the prompts are prefilled (a program, not a test):
 
 The default model is `bench compare`'s (random Llama, hidden 512, 8 layers, vocab 4096, float32). Threads default
 to what the server's engine thread uses (`async_engine.cpu_engine_threads`). Each of the kernel facade's five ops
-is profiled as one range named `<backend>::<op>` (the native backend's C calls are invisible to the profiler
-otherwise); its self time is what the op spends outside the torch ops it calls.
+is profiled as one range named `<backend>::<op>`, and the native backend's matmul as `native::linear` (C calls are
+invisible to the profiler otherwise); a range's self time is what it spends outside the torch ops it calls.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ def label_kernel_ops(runner) -> None:
     """Puts each kernel op the runner's model calls inside a profiler range named after its backend and op."""
     from torch.profiler import record_function
 
+    from inferfleet_runtime.model import NativeLinear
+
     ops = runner.ops
 
     def labelled(name, fn):
@@ -107,6 +109,8 @@ def label_kernel_ops(runner) -> None:
     for module in runner.model.modules():
         if isinstance(getattr(module, "ops", None), type(ops)):
             module.ops = wrapped
+        if isinstance(module, NativeLinear):  # the native matmul, a C call the profiler would not see either
+            module.forward = labelled("linear", module.forward)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@
  * paged_attention.py). Written for this project; the attention is the online-softmax (flash) formulation
  * over the block-table cache layout.
  *
- * Parallelism: only the attention has enough work per call to pay for waking threads; it runs its
- * (token, kv head) items on up to `num_threads` OpenMP threads (the libgomp torch already loaded, so one
- * thread pool). The element-wise ops run on the calling thread.
+ * Also the linear layers' matmul over weights repacked once (inferfleet_pack_linear, model.NativeLinear).
+ *
+ * Parallelism: only the attention and the linear layers have enough work per call to pay for waking threads;
+ * they run on up to `num_threads` OpenMP threads (the libgomp torch already loaded, so one thread pool). The
+ * element-wise ops run on the calling thread.
  */
 #include <math.h>
 #include <stdint.h>
@@ -216,4 +218,141 @@ int inferfleet_paged_attention(const float *query, float *out, const float *key_
     }
     free(token_seq);
     return 0;
+}
+
+/* Linear layers: out = x W^T (+ bias) with W [N, K] repacked once into panels of LINEAR_NR output columns,
+ * panel j holding W[j*NR : j*NR + NR, :] transposed ([K][NR], zero rows past N), so a panel's k-th row is one
+ * contiguous load of NR weights. The microkernel keeps an MR x NR block of out in registers (two vectors per
+ * row) and, per k, loads the panel row once and broadcasts each of the MR x values into it: every weight read
+ * from memory serves MR rows, and a batch-1 step streams each weight once. Vector width follows the ISA
+ * -march=native found (16 floats with AVX-512, else 8), so NR is 32 or 16: inferfleet_linear_panel_width(). */
+#ifdef __AVX512F__
+#define LINEAR_VW 16
+#define LINEAR_MR 12 /* rows per microkernel: 24 accumulators, 2 weight vectors, 1 broadcast of 32 registers */
+#else
+#define LINEAR_VW 8
+#define LINEAR_MR 6 /* 12 accumulators, 2 weight vectors, 1 broadcast of 16 registers */
+#endif
+#define LINEAR_NR (2 * LINEAR_VW)
+#define LINEAR_MC 96  /* rows per pass over the weights: their x rows stay in L2 while every panel is applied */
+#define LINEAR_GEMV_PANELS 4 /* one-row calls: 4 panels at once, 8 independent accumulators */
+typedef float linear_vec __attribute__((vector_size(LINEAR_VW * 4)));
+typedef float linear_vec_u __attribute__((vector_size(LINEAR_VW * 4), aligned(4)));
+
+int inferfleet_linear_panel_width(void) { return LINEAR_NR; }
+
+/* packed [ceil(N / NR) * K * NR] <- w [N, K] (rows w_stride apart). */
+void inferfleet_pack_linear(const float *w, int64_t w_stride, float *packed, int64_t n, int64_t k) {
+    const int64_t panels = (n + LINEAR_NR - 1) / LINEAR_NR;
+    for (int64_t j = 0; j < panels; j++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t c = 0; c < LINEAR_NR; c++) {
+                const int64_t row = j * LINEAR_NR + c;
+                packed[(j * k + kk) * LINEAR_NR + c] = row < n ? w[row * w_stride + kk] : 0.0f;
+            }
+}
+
+/* acc [mr][NR] <- x rows 0..mr-1 (x_stride apart) times one panel. Called with a constant mr, so each call site
+ * is its own unrolled kernel with the accumulators in registers. */
+static inline __attribute__((always_inline)) void linear_block(const float *x, int64_t x_stride, const float *panel,
+                                                               int64_t k, const int mr, float *acc) {
+    linear_vec a[LINEAR_MR][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < LINEAR_MR; r++) a[r][0] = a[r][1] = (linear_vec){0};
+    for (int64_t kk = 0; kk < k; kk++) {
+        const linear_vec w0 = *(const linear_vec_u *)(panel + kk * LINEAR_NR);
+        const linear_vec w1 = *(const linear_vec_u *)(panel + kk * LINEAR_NR + LINEAR_VW);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            const float b = x[r * x_stride + kk];
+            a[r][0] += b * w0;
+            a[r][1] += b * w1;
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        *(linear_vec_u *)(acc + r * LINEAR_NR) = a[r][0];
+        *(linear_vec_u *)(acc + r * LINEAR_NR + LINEAR_VW) = a[r][1];
+    }
+}
+
+/* acc [np][NR] <- one x row times np consecutive panels (np <= LINEAR_GEMV_PANELS, constant per call site). */
+static inline __attribute__((always_inline)) void linear_row(const float *x, const float *panels, int64_t k,
+                                                             const int np, float *acc) {
+    linear_vec a[LINEAR_GEMV_PANELS][2];
+#pragma GCC unroll 4
+    for (int q = 0; q < LINEAR_GEMV_PANELS; q++) a[q][0] = a[q][1] = (linear_vec){0};
+    for (int64_t kk = 0; kk < k; kk++) {
+        const float b = x[kk];
+#pragma GCC unroll 4
+        for (int q = 0; q < np; q++) {
+            const float *w = panels + (q * k + kk) * LINEAR_NR;
+            a[q][0] += b * *(const linear_vec_u *)w;
+            a[q][1] += b * *(const linear_vec_u *)(w + LINEAR_VW);
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < np; q++) {
+        *(linear_vec_u *)(acc + q * LINEAR_NR) = a[q][0];
+        *(linear_vec_u *)(acc + q * LINEAR_NR + LINEAR_VW) = a[q][1];
+    }
+}
+
+/* out rows 0..rows-1 (N apart), columns col.. of one panel <- acc (+ bias), cut at N. */
+static void linear_store(float *out, int64_t n, const float *acc, int rows, int64_t col, const float *bias) {
+    const int64_t width = n - col < LINEAR_NR ? n - col : LINEAR_NR;
+    for (int r = 0; r < rows; r++)
+        for (int64_t c = 0; c < width; c++) out[r * n + col + c] = acc[r * LINEAR_NR + c] + (bias ? bias[col + c] : 0.0f);
+}
+
+/* out [M, N] <- x [M, K] (rows x_stride apart) times the packed weight, + bias [N] when given. Threads split the
+ * panels; a call under ~256k multiply-adds runs on the calling thread (waking threads would cost more). */
+void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, const float *bias, float *out, int64_t m,
+                       int64_t n, int64_t k, int num_threads) {
+    const int64_t panels = (n + LINEAR_NR - 1) / LINEAR_NR;
+    const int parallel = m * n * k >= (1 << 18);
+    if (m == 1) {
+        const int64_t groups = (panels + LINEAR_GEMV_PANELS - 1) / LINEAR_GEMV_PANELS;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (parallel)
+        for (int64_t g = 0; g < groups; g++) {
+            float acc[LINEAR_GEMV_PANELS * LINEAR_NR];
+            const int64_t first = g * LINEAR_GEMV_PANELS;
+            const int np = panels - first < LINEAR_GEMV_PANELS ? (int)(panels - first) : LINEAR_GEMV_PANELS;
+            const float *w = packed + first * k * LINEAR_NR;
+            switch (np) {
+            case 4: linear_row(x, w, k, 4, acc); break;
+            case 3: linear_row(x, w, k, 3, acc); break;
+            case 2: linear_row(x, w, k, 2, acc); break;
+            default: linear_row(x, w, k, 1, acc); break;
+            }
+            for (int q = 0; q < np; q++) linear_store(out, n, acc + q * LINEAR_NR, 1, (first + q) * LINEAR_NR, bias);
+        }
+        return;
+    }
+    for (int64_t m0 = 0; m0 < m; m0 += LINEAR_MC) {
+        const int64_t rows = m - m0 < LINEAR_MC ? m - m0 : LINEAR_MC;
+        /* The chunk's rows in blocks of at most MR, as even as they go (with 6 per block, 8 rows: 4 + 4, not 6 + 2). */
+        const int64_t blocks = (rows + LINEAR_MR - 1) / LINEAR_MR, base = rows / blocks, extra = rows % blocks;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (parallel)
+        for (int64_t j = 0; j < panels; j++) {
+            float acc[LINEAR_MR * LINEAR_NR];
+            const float *panel = packed + j * k * LINEAR_NR;
+            int64_t r0 = m0;
+            for (int64_t b = 0; b < blocks; b++) {
+                const int mr = (int)(base + (b < extra));
+                const float *xb = x + r0 * x_stride;
+                switch (mr) {
+#define LINEAR_CASE(rows) \
+    case rows: linear_block(xb, x_stride, panel, k, rows, acc); break;
+#if LINEAR_MR > 6
+                    LINEAR_CASE(12) LINEAR_CASE(11) LINEAR_CASE(10) LINEAR_CASE(9) LINEAR_CASE(8) LINEAR_CASE(7)
+#endif
+                    LINEAR_CASE(6) LINEAR_CASE(5) LINEAR_CASE(4) LINEAR_CASE(3) LINEAR_CASE(2)
+                default: linear_block(xb, x_stride, panel, k, 1, acc); break;
+                }
+                linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias);
+                r0 += mr;
+            }
+        }
+    }
 }

@@ -37,6 +37,9 @@ SIGNATURES = {
     "inferfleet_rotary": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
     "inferfleet_silu_and_mul": (None, [_ptr, _ptr, _i64, _i64]),
     "inferfleet_write_kv": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
+    "inferfleet_linear_panel_width": (_int, []),
+    "inferfleet_pack_linear": (None, [_ptr, _i64, _ptr, _i64, _i64]),
+    "inferfleet_linear": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inferfleet_paged_attention": (
         _int,
         [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int],
@@ -205,4 +208,33 @@ def paged_attention(
     )  # fmt: skip
     if code != 0:
         raise MemoryError("native paged attention could not allocate its token table")
+    return out
+
+
+@functools.cache
+def panel_width() -> int:
+    """Output columns per panel of a packed weight (32 with AVX-512, else 16)."""
+    return library().inferfleet_linear_panel_width()
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight [N, K] in the panel layout `linear` reads (native.c): a flat float32 tensor of
+    ceil(N / panel_width()) * panel_width() * K values."""
+    _check("weight", weight, 2)
+    n, k = weight.shape
+    packed = torch.empty(-(-n // panel_width()) * panel_width() * k)
+    library().inferfleet_pack_linear(weight.data_ptr(), weight.stride(0), packed.data_ptr(), n, k)
+    return packed
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [T, K] (contiguous rows) times the weight `pack_linear` packed, + bias [N] -> [T, out_features]."""
+    _check("x", x, 2)
+    num_tokens, in_features = x.shape
+    if packed.numel() != -(-out_features // panel_width()) * panel_width() * in_features:
+        raise ValueError(f"packed weight of {packed.numel()} values is not [{out_features}, {in_features}]")
+    out = torch.empty(num_tokens, out_features)
+    if num_tokens:
+        library().inferfleet_linear(x.data_ptr(), x.stride(0), packed.data_ptr(), None if bias is None else bias.data_ptr(),
+                                    out.data_ptr(), num_tokens, out_features, in_features, torch.get_num_threads())  # fmt: skip
     return out

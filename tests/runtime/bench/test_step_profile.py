@@ -25,3 +25,5 @@ def test_step_profile_lists_the_kernel_ops_of_the_backend_in_use(demo_model_dir,
         # Each decode step calls every op once per layer (rms_norm twice, plus the final norm): 3 layers.
         assert rows[f"{backend}::paged_attention"][-1] == "3"
         assert rows[f"{backend}::rms_norm"][-1] == "7"
+        if backend == "native":  # the native matmul: 4 linear layers per layer, and the LM head
+            assert rows["native::linear"][-1] == "13"

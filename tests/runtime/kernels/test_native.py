@@ -9,10 +9,12 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
 import inferfleet_runtime.kernels as kernels
 from inferfleet_runtime.kernels import REFERENCE_OPS, get_ops, native
 from inferfleet_runtime.loader import load_model
+from inferfleet_runtime.model import NativeLinear, pack_linears
 
 from ..paged_greedy import greedy_paged
 from .test_paged_attention import DECODE_SEQ_LENS, VARLEN_BATCH, make_paged_batch, varlen_query
@@ -117,6 +119,62 @@ def test_attention_on_many_threads_matches_one(monkeypatch):
         torch.set_num_threads(before)
     assert torch.equal(one, two)
     torch.testing.assert_close(two, REFERENCE_OPS.paged_attention(*args), **TOLERANCE)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (17, 5), (200, 96), (512, 512), (1376, 512)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_native_linear_equals_nn_linear(shape, bias):
+    """Rows from none to past one pass over the weights (96), every microkernel height, output widths that end
+    inside a panel."""
+    out_features, in_features = shape
+    torch.manual_seed(out_features)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    native_linear = NativeLinear(linear)
+    for rows in [0, 1, 2, 3, 4, 5, 7, 8, 13, 32, 97, 200]:
+        x = torch.randn(rows, in_features)
+        with torch.inference_mode():
+            torch.testing.assert_close(native_linear(x), linear(x), rtol=1e-4, atol=1e-4)
+
+
+def test_native_linear_reads_strided_and_transposed_rows():
+    torch.manual_seed(0)
+    linear = nn.Linear(80, 70)
+    native_linear = NativeLinear(linear)
+    wide = torch.randn(9, 96)
+    with torch.inference_mode():
+        torch.testing.assert_close(native_linear(wide[:, 8:88]), linear(wide[:, 8:88]), rtol=1e-4, atol=1e-4)
+        x = torch.randn(9, 80)
+        torch.testing.assert_close(native_linear(x.t().contiguous().t()), linear(x), rtol=1e-4, atol=1e-4)
+
+
+def test_native_linear_on_many_threads_matches_one():
+    """Large enough to run on an OpenMP team (the panels split between threads): the same bits as one thread."""
+    torch.manual_seed(1)
+    native_linear = NativeLinear(nn.Linear(512, 1000))
+    before = torch.get_num_threads()
+    try:
+        for rows in [1, 8, 40]:
+            x = torch.randn(rows, 512)
+            torch.set_num_threads(1)
+            one = native_linear(x)
+            torch.set_num_threads(2)
+            assert torch.equal(native_linear(x), one)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_native_linear_refuses_a_weight_packed_for_another_shape():
+    packed = native.pack_linear(torch.randn(64, 32))
+    with pytest.raises(ValueError, match="not \\[64, 48\\]"):
+        native.linear(torch.randn(2, 48), packed, None, 64)
+
+
+def test_pack_linears_gives_a_native_model_native_linears_everywhere(tiny_llama_factory):
+    model_dir = tiny_llama_factory("native-linears", num_attention_heads=4, num_key_value_heads=2)
+    lm = load_model(model_dir, device="cpu", kernels="native")
+    assert pack_linears(lm.model) == 4 * lm.config.num_layers + 1  # small layers too: no per-call cost to avoid
+    assert not any(isinstance(m, nn.Linear) for m in lm.model.modules())
+    assert isinstance(lm.model.lm_head, NativeLinear)
 
 
 def test_wrong_dtype_is_refused_with_the_tensor_named():
