@@ -128,8 +128,9 @@ void inferfleet_write_kv(const float *key, int64_t key_stride, const float *valu
 
 /* One query token, all its heads, over keys 0..last of its sequence, a cache block at a time: the block's
  * rows are read in order (every kv head of a row is adjacent), each kv head's row once for its whole GQA
- * group; per block, each head's scores, then one online-softmax rescale of its accumulator. */
-static void attend(const float *q, float *out, const float *key_cache, const float *value_cache,
+ * group; per block, each head's scores, then one online-softmax rescale of its accumulator. Inlined at each call
+ * site, so the common shapes get loops of a known length (see inferfleet_paged_attention). */
+static inline __attribute__((always_inline)) void attend(const float *q, float *out, const float *key_cache, const float *value_cache,
                    const int32_t *block_table, int64_t last, int64_t num_q_heads, int64_t num_kv_heads,
                    int64_t head_dim, int64_t block_size, float scale) {
     /* On the stack: num_q_heads * (head_dim + block_size + 2) floats (Llama-3-70B: 64 * 146, 37 KiB). */
@@ -213,8 +214,18 @@ int inferfleet_paged_attention(const float *query, float *out, const float *key_
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_keys >= 1024)
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t offset = t * num_q_heads * head_dim;
-        attend(query + offset, out + offset, key_cache, value_cache, block_tables + token_seq[t] * block_table_stride,
-               token_pos[t], num_q_heads, num_kv_heads, head_dim, block_size, scale);
+        const int32_t *table = block_tables + token_seq[t] * block_table_stride;
+        /* Head dims 64 and 128 with 16-token blocks as constants: unrolled loops without remainders (decode of 32
+         * sequences of 100 tokens, 8 query heads of 64: 540 instead of 690 us on one thread). */
+        if (head_dim == 64 && block_size == 16)
+            attend(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads, num_kv_heads,
+                   64, 16, scale);
+        else if (head_dim == 128 && block_size == 16)
+            attend(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads, num_kv_heads,
+                   128, 16, scale);
+        else
+            attend(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads, num_kv_heads,
+                   head_dim, block_size, scale);
     }
     free(token_seq);
     return 0;
