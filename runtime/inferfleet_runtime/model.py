@@ -108,7 +108,7 @@ def pack_linears(model: nn.Module, min_weight: int = PACKED_LINEAR_MIN_WEIGHT) -
     if not targets:
         return 0
     device, dtype = targets[0][1].weight.device, targets[0][1].weight.dtype
-    if native_backend and device.type == "cpu" and dtype == torch.float32:
+    if native_backend:  # kernels.get_ops gives the native backend only to float32 models on a CPU
         replacement = NativeLinear
     elif can_pack_linears(device, dtype):
         replacement = PackedLinear
