@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .attention import AttentionBackend
+from .attention import AttentionBackend, PagedAttention
 from .config import ModelConfig
 from .kernels import KernelOps, native
 
@@ -117,7 +117,40 @@ def pack_linears(model: nn.Module, min_weight: int = PACKED_LINEAR_MIN_WEIGHT) -
     for name, module in targets:
         parent_name, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent_name), leaf, replacement(module))
+    if native_backend and isinstance(model, LlamaModel):
+        model.native_weights = native_decoder_weights(model)
     return len(targets)
+
+
+def native_decoder_weights(model: LlamaModel) -> native.DecoderWeights:
+    """The model's decoder stack for native.forward, once every linear of its layers is a NativeLinear."""
+
+    def packed(linear: nn.Module) -> torch.Tensor:
+        assert isinstance(linear, NativeLinear), "pack_linears replaces every linear first"
+        return linear.weight
+
+    layers = [
+        {
+            "input_norm": layer.input_layernorm.weight.detach(),
+            "qkv": packed(layer.self_attn.qkv_proj),
+            "qkv_bias": layer.self_attn.qkv_proj.bias,
+            "o": packed(layer.self_attn.o_proj),
+            "o_bias": layer.self_attn.o_proj.bias,
+            "post_norm": layer.post_attention_layernorm.weight.detach(),
+            "gate_up": packed(layer.mlp.gate_up_proj),
+            "gate_up_bias": layer.mlp.gate_up_proj.bias,
+            "down": packed(layer.mlp.down_proj),
+            "down_bias": layer.mlp.down_proj.bias,
+        }
+        for layer in model.layers
+    ]
+    config = model.config
+    return native.DecoderWeights(
+        layers=layers, embed=model.embed_tokens.weight.detach(), final_norm=model.norm.weight.detach(),
+        cos_sin=model.cos_sin_cache, num_q_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim, intermediate=config.intermediate_size, eps=config.rms_norm_eps,
+        scale=config.head_dim**-0.5,
+    )  # fmt: skip
 
 
 class Attention(nn.Module):
@@ -193,6 +226,8 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
+        # Set by pack_linears for the native kernels: the decoder stack of a paged step as one C call.
+        self.native_weights: native.DecoderWeights | None = None
 
     def init_rope(self) -> None:
         """Builds the RoPE table on the model's device (call after the weights are in place)."""
@@ -203,6 +238,12 @@ class LlamaModel(nn.Module):
 
         attn holds the step's KV cache and attention (paged when serving, static slots when exported).
         """
+        if self.native_weights is not None and isinstance(attn, PagedAttention):
+            meta = attn.meta
+            return native.forward(
+                self.native_weights, attn.kv_caches, input_ids, positions, meta.slot_mapping, meta.block_tables,
+                meta.seq_lens, meta.query_start_loc,
+            )  # fmt: skip
         h = self.embed_tokens(input_ids)  # [T, hidden]
         residual = None
         for layer in self.layers:

@@ -5,8 +5,9 @@ the prompts are prefilled (a program, not a test):
 
 The default model is `bench compare`'s (random Llama, hidden 512, 8 layers, vocab 4096, float32). Threads default
 to what the server's engine thread uses (`async_engine.cpu_engine_threads`). Each of the kernel facade's five ops
-is profiled as one range named `<backend>::<op>`, and the native backend's matmul as `native::linear` (C calls are
-invisible to the profiler otherwise); a range's self time is what it spends outside the torch ops it calls.
+is profiled as one range named `<backend>::<op>`, the native backend's matmul as `native::linear` and its one-call
+decoder stack (native.forward, which serves every paged step of a native model) as `native::forward`; C calls are
+invisible to the profiler otherwise. A range's self time is what it spends outside the torch ops it calls.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def label_kernel_ops(runner) -> None:
     names = [f.name for f in dataclasses.fields(ops) if f.name != "backend"]
     wrapped = dataclasses.replace(ops, **{name: labelled(name, getattr(ops, name)) for name in names})
     runner.ops = wrapped  # the per-step attention object takes its ops from here
+    if getattr(runner.model, "native_weights", None) is not None:  # the whole decoder stack in one C call
+        runner.model.forward = labelled("forward", runner.model.forward)
     for module in runner.model.modules():
         if isinstance(getattr(module, "ops", None), type(ops)):
             module.ops = wrapped

@@ -6,13 +6,18 @@
  * paged_attention.py). Written for this project; the attention is the online-softmax (flash) formulation
  * over the block-table cache layout.
  *
- * Also the linear layers' matmul over weights repacked once (inferfleet_pack_linear, model.NativeLinear).
+ * Also the linear layers' matmul over weights repacked once (inferfleet_pack_linear, model.NativeLinear), and the
+ * whole decoder stack of a step in one call (inferfleet_forward, at the end), which serves a native model's paged
+ * steps: the same ops in the same order, without a Python round trip or a thread wake-up between them.
  *
  * Parallelism: only the attention and the linear layers have enough work per call to pay for waking threads;
  * they run on up to `num_threads` OpenMP threads (the libgomp torch already loaded, so one thread pool). The
  * element-wise ops run on the calling thread.
  */
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,23 +69,25 @@ void inferfleet_rms_norm(const float *x, int64_t x_stride, const float *residual
     }
 }
 
-/* Rotates the first and second halves of each head (GPT-NeoX layout) by the position's cos/sin row:
- * out = (x1 cos - x2 sin, x2 cos + x1 sin). x rows are token_stride apart, heads head_dim apart. */
+/* Rotates the first and second halves of one head (GPT-NeoX layout) by a position's cos/sin row (cos, then sin):
+ * out = (x1 cos - x2 sin, x2 cos + x1 sin). */
+static inline void rotate_head(const float *x, float *out, const float *cos_sin, int64_t half) {
+    const float *x2 = x + half, *cos = cos_sin, *sin = cos_sin + half;
+    float *o2 = out + half;
+#pragma omp simd
+    for (int64_t i = 0; i < half; i++) {
+        out[i] = x[i] * cos[i] - x2[i] * sin[i];
+        o2[i] = x2[i] * cos[i] + x[i] * sin[i];
+    }
+}
+
+/* Every head of every token: x rows token_stride apart with heads head_dim apart -> out [T, heads, D]. */
 static void rotate_heads(const float *x, int64_t token_stride, float *out, const int64_t *positions,
                          const float *cos_sin, int64_t num_tokens, int64_t num_heads, int64_t head_dim) {
-    const int64_t half = head_dim / 2;
-    for (int64_t t = 0; t < num_tokens; t++) {
-        const float *cos = cos_sin + positions[t] * head_dim, *sin = cos + half;
-        for (int64_t h = 0; h < num_heads; h++) {
-            const float *x1 = x + t * token_stride + h * head_dim, *x2 = x1 + half;
-            float *o1 = out + (t * num_heads + h) * head_dim, *o2 = o1 + half;
-#pragma omp simd
-            for (int64_t i = 0; i < half; i++) {
-                o1[i] = x1[i] * cos[i] - x2[i] * sin[i];
-                o2[i] = x2[i] * cos[i] + x1[i] * sin[i];
-            }
-        }
-    }
+    for (int64_t t = 0; t < num_tokens; t++)
+        for (int64_t h = 0; h < num_heads; h++)
+            rotate_head(x + t * token_stride + h * head_dim, out + (t * num_heads + h) * head_dim,
+                        cos_sin + positions[t] * head_dim, head_dim / 2);
 }
 
 void inferfleet_rotary(const float *q, int64_t q_stride, const float *k, int64_t k_stride, float *q_out, float *k_out,
@@ -96,20 +103,23 @@ void inferfleet_rotary(const float *q, int64_t q_stride, const float *k, int64_t
  * evaluates fast_exp's clamped branch for every lane, gate / (1 + e^88), a denormal for any |gate| < ~2, and each
  * denormal result costs Intel cores a microcode assist: 225 us instead of 25 us for 32 x 1376 values. Only values
  * below 1.2e-38 change (to 0). */
-void inferfleet_silu_and_mul(const float *x, float *out, int64_t num_tokens, int64_t inter) {
-#ifdef __SSE__
-    const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
-#endif
-    for (int64_t t = 0; t < num_tokens; t++) {
-        const float *gate = x + t * 2 * inter, *up = gate + inter;
-        float *o = out + t * inter;
+static inline void silu_mul(const float *gate, const float *up, float *out, int64_t n) {
 #pragma omp simd
-        for (int64_t i = 0; i < inter; i++) o[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
+}
+
 #ifdef __SSE__
-    _mm_setcsr(csr);
+#define FLUSH_DENORMALS(saved) const unsigned int saved = _mm_getcsr(); _mm_setcsr(saved | 0x8040) /* FTZ | DAZ */
+#define RESTORE_DENORMALS(saved) _mm_setcsr(saved)
+#else
+#define FLUSH_DENORMALS(saved)
+#define RESTORE_DENORMALS(saved)
 #endif
+
+void inferfleet_silu_and_mul(const float *x, float *out, int64_t num_tokens, int64_t inter) {
+    FLUSH_DENORMALS(csr);
+    for (int64_t t = 0; t < num_tokens; t++) silu_mul(x + t * 2 * inter, x + t * 2 * inter + inter, out + t * inter, inter);
+    RESTORE_DENORMALS(csr);
 }
 
 /* Cache row slots[t] (of width row = Hkv * D) <- key/value row t. */
@@ -126,13 +136,15 @@ void inferfleet_write_kv(const float *key, int64_t key_stride, const float *valu
     }
 }
 
-/* One query token, all its heads, over keys 0..last of its sequence, a cache block at a time: the block's
- * rows are read in order (every kv head of a row is adjacent), each kv head's row once for its whole GQA
- * group; per block, each head's scores, then one online-softmax rescale of its accumulator. Inlined at each call
+/* One query token's heads 0..num_q_heads-1 (head h reads kv head h / group of rows `row` floats apart; all of a
+ * token's heads, or one GQA group with key_cache and value_cache offset to its kv head), over keys 0..last of
+ * its sequence, a cache block at a time: the block's rows are read in order, each kv head's row once for its
+ * whole group; per block, each head's scores, then one online-softmax rescale of its accumulator. Inlined at each call
  * site, so the common shapes get loops of a known length (see inferfleet_paged_attention). */
-static inline __attribute__((always_inline)) void attend(const float *q, float *out, const float *key_cache, const float *value_cache,
-                   const int32_t *block_table, int64_t last, int64_t num_q_heads, int64_t num_kv_heads,
-                   int64_t head_dim, int64_t block_size, float scale) {
+static inline __attribute__((always_inline)) void attend(const float *q, float *out, const float *key_cache,
+                                                         const float *value_cache, const int32_t *block_table,
+                                                         int64_t last, int64_t num_q_heads, int64_t group, int64_t row,
+                                                         int64_t head_dim, int64_t block_size, float scale) {
     /* On the stack: num_q_heads * (head_dim + block_size + 2) floats (Llama-3-70B: 64 * 146, 37 KiB). */
     float acc[num_q_heads][head_dim];
     float scores[num_q_heads][block_size];
@@ -142,7 +154,6 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
         running_sum[h] = 0.0f;
         for (int64_t d = 0; d < head_dim; d++) acc[h][d] = 0.0f;
     }
-    const int64_t group = num_q_heads / num_kv_heads, row = num_kv_heads * head_dim;
     for (int64_t start = 0; start <= last; start += block_size) {
         const int64_t n = (last - start + 1) < block_size ? (last - start + 1) : block_size;
         const int64_t base = (int64_t)block_table[start / block_size] * block_size * row;
@@ -188,6 +199,36 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
     }
 }
 
+/* attend() with head dims 64 and 128 and 16-token blocks as constants: unrolled loops without remainders (decode
+ * of 32 sequences of 100 tokens, 8 query heads of 64: 540 instead of 690 us on one thread). */
+static void attend_any(const float *q, float *out, const float *key_cache, const float *value_cache,
+                       const int32_t *block_table, int64_t last, int64_t num_q_heads, int64_t group, int64_t row,
+                       int64_t head_dim, int64_t block_size, float scale) {
+    if (head_dim == 64 && block_size == 16)
+        attend(q, out, key_cache, value_cache, block_table, last, num_q_heads, group, row, 64, 16, scale);
+    else if (head_dim == 128 && block_size == 16)
+        attend(q, out, key_cache, value_cache, block_table, last, num_q_heads, group, row, 128, 16, scale);
+    else
+        attend(q, out, key_cache, value_cache, block_table, last, num_q_heads, group, row, head_dim, block_size, scale);
+}
+
+/* token_seq[t], token_pos[t]: the sequence and position of each new token t (query_start_loc NULL: decode, token
+ * i is sequence i's only new token). Returns how many key rows the tokens attend to in all. */
+static int64_t token_table(const int32_t *seq_lens, const int32_t *query_start_loc, int64_t num_seqs,
+                           int64_t *token_seq, int64_t *token_pos) {
+    int64_t num_keys = 0;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t begin = query_start_loc ? query_start_loc[b] : b;
+        const int64_t end = query_start_loc ? query_start_loc[b + 1] : b + 1;
+        for (int64_t t = begin; t < end; t++) {
+            token_seq[t] = b;
+            token_pos[t] = seq_lens[b] - (end - t);
+            num_keys += token_pos[t] + 1;
+        }
+    }
+    return num_keys;
+}
+
 /* Causal attention of each new token over its sequence's cached context (paged_attention.py's layouts).
  * query_start_loc NULL: decode, token i is sequence i's only new token. Returns 0, or -1 when a buffer
  * could not be allocated. */
@@ -200,32 +241,14 @@ int inferfleet_paged_attention(const float *query, float *out, const float *key_
     int64_t *token_seq = malloc(sizeof(int64_t) * num_tokens * 2);
     if (!token_seq) return -1;
     int64_t *token_pos = token_seq + num_tokens;
-    int64_t num_keys = 0;
-    for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t begin = query_start_loc ? query_start_loc[b] : b;
-        const int64_t end = query_start_loc ? query_start_loc[b + 1] : b + 1;
-        for (int64_t t = begin; t < end; t++) {
-            token_seq[t] = b;
-            token_pos[t] = seq_lens[b] - (end - t);
-            num_keys += token_pos[t] + 1;
-        }
-    }
+    const int64_t num_keys = token_table(seq_lens, query_start_loc, num_seqs, token_seq, token_pos);
     /* Below ~1k key rows (tens of microseconds) waking threads costs about what it saves. */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_keys >= 1024)
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t offset = t * num_q_heads * head_dim;
         const int32_t *table = block_tables + token_seq[t] * block_table_stride;
-        /* Head dims 64 and 128 with 16-token blocks as constants: unrolled loops without remainders (decode of 32
-         * sequences of 100 tokens, 8 query heads of 64: 540 instead of 690 us on one thread). */
-        if (head_dim == 64 && block_size == 16)
-            attend(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads, num_kv_heads,
-                   64, 16, scale);
-        else if (head_dim == 128 && block_size == 16)
-            attend(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads, num_kv_heads,
-                   128, 16, scale);
-        else
-            attend(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads, num_kv_heads,
-                   head_dim, block_size, scale);
+        attend_any(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads,
+                   num_q_heads / num_kv_heads, num_kv_heads * head_dim, head_dim, block_size, scale);
     }
     free(token_seq);
     return 0;
@@ -309,43 +332,54 @@ static inline __attribute__((always_inline)) void linear_row(const float *x, con
     }
 }
 
-/* out rows 0..rows-1 (N apart), columns col.. of one panel <- acc (+ bias), cut at N. */
-static void linear_store(float *out, int64_t n, const float *acc, int rows, int64_t col, const float *bias) {
+/* out rows 0..rows-1 (N apart), columns col.. of one panel <- acc (+ bias), cut at N; with `accumulate`, added to
+ * what out holds (the residual stream of inferfleet_forward). */
+static void linear_store(float *out, int64_t n, const float *acc, int rows, int64_t col, const float *bias,
+                         int accumulate) {
     const int64_t width = n - col < LINEAR_NR ? n - col : LINEAR_NR;
     for (int r = 0; r < rows; r++)
-        for (int64_t c = 0; c < width; c++) out[r * n + col + c] = acc[r * LINEAR_NR + c] + (bias ? bias[col + c] : 0.0f);
+        for (int64_t c = 0; c < width; c++) {
+            const float v = acc[r * LINEAR_NR + c] + (bias ? bias[col + c] : 0.0f);
+            out[r * n + col + c] = accumulate ? out[r * n + col + c] + v : v;
+        }
 }
 
-/* out [M, N] <- x [M, K] (rows x_stride apart) times the packed weight, + bias [N] when given. Threads split the
- * panels; a call under ~256k multiply-adds runs on the calling thread (waking threads would cost more). */
-void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, const float *bias, float *out, int64_t m,
-                       int64_t n, int64_t k, int num_threads) {
+/* [*begin, *end): the share of `units` work items that thread `tid` of `nth` takes (contiguous, even). */
+static void thread_share(int64_t units, int tid, int nth, int64_t *begin, int64_t *end) {
+    *begin = units * tid / nth;
+    *end = units * (tid + 1) / nth;
+}
+
+/* Panels of thread `tid`'s share (of `nth`) of out [M, N] <- x [M, K] (rows x_stride apart) times the packed
+ * weight, + bias [N] when given (added to out with `accumulate`). One-row calls take panels 4 at a time. */
+static void linear_share(const float *x, int64_t x_stride, const float *packed, const float *bias, float *out,
+                         int64_t m, int64_t n, int64_t k, int accumulate, int tid, int nth) {
     const int64_t panels = (n + LINEAR_NR - 1) / LINEAR_NR;
-    const int parallel = m * n * k >= (1 << 18);
+    int64_t first, last;
     if (m == 1) {
-        const int64_t groups = (panels + LINEAR_GEMV_PANELS - 1) / LINEAR_GEMV_PANELS;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (parallel)
-        for (int64_t g = 0; g < groups; g++) {
+        thread_share((panels + LINEAR_GEMV_PANELS - 1) / LINEAR_GEMV_PANELS, tid, nth, &first, &last);
+        for (int64_t g = first; g < last; g++) {
             float acc[LINEAR_GEMV_PANELS * LINEAR_NR];
-            const int64_t first = g * LINEAR_GEMV_PANELS;
-            const int np = panels - first < LINEAR_GEMV_PANELS ? (int)(panels - first) : LINEAR_GEMV_PANELS;
-            const float *w = packed + first * k * LINEAR_NR;
+            const int64_t p = g * LINEAR_GEMV_PANELS;
+            const int np = panels - p < LINEAR_GEMV_PANELS ? (int)(panels - p) : LINEAR_GEMV_PANELS;
+            const float *w = packed + p * k * LINEAR_NR;
             switch (np) {
             case 4: linear_row(x, w, k, 4, acc); break;
             case 3: linear_row(x, w, k, 3, acc); break;
             case 2: linear_row(x, w, k, 2, acc); break;
             default: linear_row(x, w, k, 1, acc); break;
             }
-            for (int q = 0; q < np; q++) linear_store(out, n, acc + q * LINEAR_NR, 1, (first + q) * LINEAR_NR, bias);
+            for (int q = 0; q < np; q++)
+                linear_store(out, n, acc + q * LINEAR_NR, 1, (p + q) * LINEAR_NR, bias, accumulate);
         }
         return;
     }
+    thread_share(panels, tid, nth, &first, &last);
     for (int64_t m0 = 0; m0 < m; m0 += LINEAR_MC) {
         const int64_t rows = m - m0 < LINEAR_MC ? m - m0 : LINEAR_MC;
         /* The chunk's rows in blocks of at most MR, as even as they go (with 6 per block, 8 rows: 4 + 4, not 6 + 2). */
         const int64_t blocks = (rows + LINEAR_MR - 1) / LINEAR_MR, base = rows / blocks, extra = rows % blocks;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (parallel)
-        for (int64_t j = 0; j < panels; j++) {
+        for (int64_t j = first; j < last; j++) {
             float acc[LINEAR_MR * LINEAR_NR];
             const float *panel = packed + j * k * LINEAR_NR;
             int64_t r0 = m0;
@@ -361,9 +395,149 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
                     LINEAR_CASE(6) LINEAR_CASE(5) LINEAR_CASE(4) LINEAR_CASE(3) LINEAR_CASE(2)
                 default: linear_block(xb, x_stride, panel, k, 1, acc); break;
                 }
-                linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias);
+                linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias, accumulate);
                 r0 += mr;
             }
         }
     }
+}
+
+/* out [M, N] <- x [M, K] (rows x_stride apart) times the packed weight, + bias [N] when given. Threads split the
+ * panels; a call under ~256k multiply-adds runs on the calling thread (waking threads would cost more). */
+void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, const float *bias, float *out, int64_t m,
+                       int64_t n, int64_t k, int num_threads) {
+#pragma omp parallel num_threads(num_threads) if (m * n * k >= (1 << 18))
+    linear_share(x, x_stride, packed, bias, out, m, n, k, 0, omp_get_thread_num(), omp_get_num_threads());
+}
+
+/* The whole decoder stack of one step in one call (model.NativeForward): what the model's layers do with the ops
+ * above, op for op and bit for bit, but inside one OpenMP region whose threads meet at spin barriers instead of
+ * one region (and one wake-up of sleeping threads) per op, and with no Python between the ops. Per layer:
+ *   normed = rms_norm(residual)              each thread its own copy (no barrier; T x H is small)
+ *   qkv = normed Wqkv                        threads split the weight's panels
+ *   rotary of q; rotary of k into the cache at the token's slot; v into the cache
+ *                                            threads split (token, kv head) pairs
+ *   attn = attention over the cache          threads take (token, kv head group) pairs in turn
+ *   residual += attn Wo                      the o projection's store adds into the residual stream
+ *   normed = rms_norm(residual); gate_up = normed Wgu; act = silu(gate) * up; residual += act Wdown
+ * then out = rms_norm(residual) with the final norm. Adding the projection into the residual is the addition the
+ * next norm's fused residual add did (x + r == r + x in IEEE arithmetic), so the result equals the op-by-op path. */
+typedef struct {
+    const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
+} inferfleet_layer;
+
+typedef struct {
+    int64_t num_layers, hidden, num_q_heads, num_kv_heads, head_dim, intermediate, block_size;
+    int64_t vocab_size, max_positions; /* rows of embed and of cos_sin */
+    float eps, scale;
+    const float *embed, *final_norm, *cos_sin; /* [V, H], [H], [positions, D] */
+    const inferfleet_layer *layers;
+} inferfleet_model;
+
+/* Threads of one region waiting for each other: spinning (the waits between a step's ops are microseconds, and
+ * libgomp's own barrier sleeps at once under OMP_WAIT_POLICY=PASSIVE, which the server sets), then yielding the
+ * core after ~1 ms in case a thread was descheduled. */
+typedef struct {
+    atomic_int arrived, phase;
+} spin_barrier;
+
+static void spin_barrier_wait(spin_barrier *b, int nth) {
+    if (nth == 1) return;
+    const int phase = atomic_load_explicit(&b->phase, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == nth - 1) {
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->phase, phase + 1, memory_order_release);
+        return;
+    }
+    for (long spins = 0; atomic_load_explicit(&b->phase, memory_order_acquire) == phase; spins++) {
+        if (spins < 20000) {
+#ifdef __SSE__
+            _mm_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+/* Floats of scratch inferfleet_forward needs for num_tokens tokens on num_threads threads. */
+int64_t inferfleet_forward_workspace(const inferfleet_model *m, int64_t num_tokens, int num_threads) {
+    const int64_t q = m->num_q_heads * m->head_dim, kv = m->num_kv_heads * m->head_dim;
+    return num_tokens * ((1 + num_threads) * m->hidden + (q + 2 * kv) + 2 * q + 3 * m->intermediate);
+}
+
+/* out [T, H] <- the decoder stack over input_ids [T] at positions [T], writing each layer's keys and values at
+ * slots [T] of its cache (kv_caches: key then value cache of layer 0, 1, ...; [blocks, block_size, Hkv, D]) and
+ * attending over the sequences' block tables as inferfleet_paged_attention does. workspace: at least
+ * inferfleet_forward_workspace floats. Returns 0; -1 when a buffer could not be allocated; -2 when a token id or
+ * position is past the embedding's or the RoPE table's rows (nothing written). */
+int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const int64_t *input_ids,
+                       const int64_t *positions, const int64_t *slots, const int32_t *block_tables,
+                       int64_t block_table_stride, const int32_t *seq_lens, const int32_t *query_start_loc,
+                       int64_t num_seqs, int64_t num_tokens, float *out, float *workspace, int num_threads) {
+    const int64_t T = num_tokens, H = m->hidden, D = m->head_dim, Hq = m->num_q_heads, Hkv = m->num_kv_heads;
+    const int64_t I = m->intermediate, q = Hq * D, kv = Hkv * D, nqkv = q + 2 * kv, group = Hq / Hkv;
+    for (int64_t t = 0; t < T; t++)
+        if (input_ids[t] < 0 || input_ids[t] >= m->vocab_size || positions[t] < 0 || positions[t] >= m->max_positions)
+            return -2;
+    int64_t *token_seq = malloc(sizeof(int64_t) * T * 2);
+    if (!token_seq) return -1;
+    int64_t *token_pos = token_seq + T;
+    token_table(seq_lens, query_start_loc, num_seqs, token_seq, token_pos);
+    float *residual = workspace, *qkv = residual + T * H, *q_rot = qkv + T * nqkv, *attn = q_rot + T * q;
+    float *gate_up = attn + T * q, *act = gate_up + T * 2 * I, *normed_all = act + T * I;
+    spin_barrier barrier = {0, 0};
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        float *normed = normed_all + tid * T * H;
+        int64_t first, last;
+        thread_share(T, tid, nth, &first, &last);
+        for (int64_t t = first; t < last; t++) memcpy(residual + t * H, m->embed + input_ids[t] * H, sizeof(float) * H);
+        spin_barrier_wait(&barrier, nth);
+        for (int64_t l = 0; l < m->num_layers; l++) {
+            const inferfleet_layer *w = m->layers + l;
+            float *key_cache = kv_caches[2 * l], *value_cache = kv_caches[2 * l + 1];
+            inferfleet_rms_norm(residual, H, NULL, w->input_norm, normed, NULL, T, H, m->eps);
+            linear_share(normed, H, w->qkv, w->qkv_bias, qkv, T, nqkv, H, 0, tid, nth);
+            spin_barrier_wait(&barrier, nth);
+            thread_share(T * Hkv, tid, nth, &first, &last);
+            for (int64_t i = first; i < last; i++) {
+                const int64_t t = i / Hkv, g = i % Hkv;
+                const float *row = qkv + t * nqkv, *cos_sin = m->cos_sin + positions[t] * D;
+                for (int64_t h = g * group; h < (g + 1) * group; h++)
+                    rotate_head(row + h * D, q_rot + (t * Hq + h) * D, cos_sin, D / 2);
+                rotate_head(row + q + g * D, key_cache + slots[t] * kv + g * D, cos_sin, D / 2);
+                memcpy(value_cache + slots[t] * kv + g * D, row + q + kv + g * D, sizeof(float) * D);
+            }
+            spin_barrier_wait(&barrier, nth);
+            for (int64_t i = tid; i < T * Hkv; i += nth) { /* in turn: later tokens of a prompt attend to more keys */
+                const int64_t t = i / Hkv, g = i % Hkv, offset = (t * Hq + g * group) * D;
+                attend_any(q_rot + offset, attn + offset, key_cache + g * D, value_cache + g * D,
+                           block_tables + token_seq[t] * block_table_stride, token_pos[t], group, group, kv, D,
+                           m->block_size, m->scale);
+            }
+            spin_barrier_wait(&barrier, nth);
+            linear_share(attn, q, w->o, w->o_bias, residual, T, H, q, 1, tid, nth);
+            spin_barrier_wait(&barrier, nth);
+            inferfleet_rms_norm(residual, H, NULL, w->post_norm, normed, NULL, T, H, m->eps);
+            linear_share(normed, H, w->gate_up, w->gate_up_bias, gate_up, T, 2 * I, H, 0, tid, nth);
+            spin_barrier_wait(&barrier, nth);
+            thread_share(I, tid, nth, &first, &last);
+            {
+                FLUSH_DENORMALS(csr); /* see inferfleet_silu_and_mul */
+                for (int64_t t = 0; t < T; t++)
+                    silu_mul(gate_up + t * 2 * I + first, gate_up + t * 2 * I + I + first, act + t * I + first,
+                             last - first);
+                RESTORE_DENORMALS(csr);
+            }
+            spin_barrier_wait(&barrier, nth);
+            linear_share(act, I, w->down, w->down_bias, residual, T, H, I, 1, tid, nth);
+            spin_barrier_wait(&barrier, nth);
+        }
+        thread_share(T, tid, nth, &first, &last);
+        inferfleet_rms_norm(residual + first * H, H, NULL, m->final_norm, out + first * H, NULL, last - first, H, m->eps);
+    }
+    free(token_seq);
+    return 0;
 }

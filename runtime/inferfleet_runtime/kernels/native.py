@@ -3,7 +3,8 @@
 On a CPU the reference runs each op as a chain of torch ops, and a batch-1 decode step of a small model is
 mostly their per-call overhead (~600 calls; `python -m inferfleet_runtime.bench.step_profile`); its attention
 also copies every sequence's blocks out of the cache before attending. These kernels are one call per op and
-attend over the cache in place.
+attend over the cache in place; `forward` runs a whole step's decoder stack (every layer's ops and matmuls) in one
+call, which is how a packed native model (model.pack_linears) serves.
 
 Build: `cc -O3 -march=native -fopenmp -shared` (the compiler from $CC, else `cc`) into
 $INFERFLEET_KERNEL_CACHE, else $XDG_CACHE_HOME/inferfleet/kernels, else ~/.cache/inferfleet/kernels; the file
@@ -40,6 +41,11 @@ SIGNATURES = {
     "inferfleet_linear_panel_width": (_int, []),
     "inferfleet_pack_linear": (None, [_ptr, _i64, _ptr, _i64, _i64]),
     "inferfleet_linear": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
+    "inferfleet_forward_workspace": (_i64, [_ptr, _i64, _int]),
+    "inferfleet_forward": (
+        _int,
+        [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _int],
+    ),
     "inferfleet_paged_attention": (
         _int,
         [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int],
@@ -237,4 +243,105 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out
     if num_tokens:
         library().inferfleet_linear(x.data_ptr(), x.stride(0), packed.data_ptr(), None if bias is None else bias.data_ptr(),
                                     out.data_ptr(), num_tokens, out_features, in_features, torch.get_num_threads())  # fmt: skip
+    return out
+
+
+LAYER_WEIGHTS = (
+    "input_norm",
+    "qkv",
+    "qkv_bias",
+    "o",
+    "o_bias",
+    "post_norm",
+    "gate_up",
+    "gate_up_bias",
+    "down",
+    "down_bias",
+)
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _ptr) for name in LAYER_WEIGHTS]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        *[(name, _i64) for name in ("num_layers", "hidden", "num_q_heads", "num_kv_heads", "head_dim",
+                                    "intermediate", "block_size", "vocab_size", "max_positions")],
+        ("eps", _f32), ("scale", _f32), ("embed", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr),
+        ("layers", ctypes.POINTER(_Layer)),
+    ]  # fmt: skip
+
+
+class DecoderWeights:
+    """A Llama decoder stack as `forward` reads it: the layers' tensors by the names of LAYER_WEIGHTS (linears
+    packed by `pack_linear`, biases None when absent), the embedding [V, H], the final norm's weight and the RoPE
+    table [positions, D]. Holds every tensor it points C at, so none is freed while it lives."""
+
+    def __init__(self, *, layers: list[dict], embed, final_norm, cos_sin, num_q_heads, num_kv_heads, head_dim,
+                 intermediate, eps, scale):  # fmt: skip
+        tensors = [embed, final_norm, cos_sin, *(t for layer in layers for t in layer.values() if t is not None)]
+        for i, t in enumerate(tensors):
+            _check(f"weight {i}", t.view(-1), 1)
+            if not t.is_contiguous():
+                raise ValueError("native forward needs contiguous weights")
+        self.tensors = tensors
+        self.hidden, self.kv_row = embed.shape[1], (num_kv_heads, head_dim)
+        self.layer_array = (_Layer * len(layers))(
+            *[
+                _Layer(*[None if layer[name] is None else layer[name].data_ptr() for name in LAYER_WEIGHTS])
+                for layer in layers
+            ]
+        )
+        self.struct = _Model(len(layers), self.hidden, num_q_heads, num_kv_heads, head_dim, intermediate, 0,
+                             embed.shape[0], cos_sin.shape[0], eps, scale, embed.data_ptr(), final_norm.data_ptr(),
+                             cos_sin.data_ptr(), self.layer_array)  # fmt: skip
+        self._kv: tuple[list, ctypes.Array] | None = None
+
+    def kv_pointers(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ctypes.Array:
+        """The caches as the C array forward takes (built once per list of caches, which it keeps alive)."""
+        if self._kv is None or self._kv[0] is not kv_caches:
+            if len(kv_caches) != len(self.layer_array):
+                raise ValueError(f"{len(kv_caches)} KV caches for a model of {len(self.layer_array)} layers")
+            shape = kv_caches[0][0].shape
+            for key_cache, value_cache in kv_caches:
+                for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+                    _check(name, cache, 4)
+                    if not cache.is_contiguous() or cache.shape != shape or shape[2:] != self.kv_row:
+                        raise ValueError(
+                            f"native forward needs contiguous caches of one shape [blocks, block_size, "
+                            f"{self.kv_row[0]}, {self.kv_row[1]}]; {name} is {tuple(cache.shape)}"
+                        )
+            self.struct.block_size = shape[1]
+            pointers = [t.data_ptr() for pair in kv_caches for t in pair]
+            self._kv = (kv_caches, (_ptr * len(pointers))(*pointers))
+        return self._kv[1]
+
+
+def forward(weights: DecoderWeights, kv_caches, input_ids, positions, slot_mapping, block_tables, seq_lens,
+            query_start_loc) -> torch.Tensor:  # fmt: skip
+    """The decoder stack of one paged step in one C call (native.c inferfleet_forward): input_ids and positions
+    [T] int64, the step's attention metadata (attention.AttentionMetadata's tensors) -> hidden states [T, H] with
+    the final norm applied; writes the step's keys and values into kv_caches as write_kv does."""
+    num_tokens, threads = input_ids.shape[0], torch.get_num_threads()
+    kv = weights.kv_pointers(kv_caches)
+    out = torch.empty(num_tokens, weights.hidden)
+    if num_tokens == 0:
+        return out
+    lib = library()
+    struct = ctypes.byref(weights.struct)
+    workspace = torch.empty(lib.inferfleet_forward_workspace(struct, num_tokens, threads))
+    ids, positions, slots = (t.to(torch.int64).contiguous() for t in (input_ids, positions, slot_mapping))
+    block_tables, seq_lens, loc = (t.to(torch.int32).contiguous() for t in (block_tables, seq_lens, query_start_loc))
+    code = lib.inferfleet_forward(
+        struct, kv, ids.data_ptr(), positions.data_ptr(), slots.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), seq_lens.data_ptr(), loc.data_ptr(), seq_lens.shape[0], num_tokens, out.data_ptr(),
+        workspace.data_ptr(), threads,
+    )  # fmt: skip
+    if code == -2:
+        raise IndexError(
+            f"token ids must be in [0, {weights.struct.vocab_size}) and positions in [0, {weights.struct.max_positions})"
+        )
+    if code != 0:
+        raise MemoryError("native forward could not allocate its token table")
     return out

@@ -230,3 +230,71 @@ def test_build_lands_in_the_kernel_cache_and_is_reused(tmp_path):
         assert len(built) == 1 and not list(tmp_path.glob(".native-*")), list(tmp_path.iterdir())
         built_at.append(built[0].stat().st_mtime_ns)
     assert built_at[0] == built_at[1], "the second process rebuilt instead of loading the cached build"
+
+
+def paged_steps(model, kv_caches, steps, block_size):
+    """Runs steps [(block_tables, seq_lens, query_lens, input_ids)] through model; returns each step's hidden."""
+    from inferfleet_runtime.attention import PagedAttention, build_attention_metadata
+
+    hidden = []
+    with torch.inference_mode():
+        for tables, seq_lens, query_lens, ids in steps:
+            meta, positions = build_attention_metadata(tables, seq_lens, query_lens, block_size)
+            hidden.append(model(torch.tensor(ids), positions, PagedAttention(kv_caches, meta, model.ops)))
+    return hidden
+
+
+FORWARD_CONFIGS = {
+    "gqa": dict(num_attention_heads=4, num_key_value_heads=2),
+    "mqa-bias-wide-heads": dict(num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True),
+    "head-dim-64": dict(num_attention_heads=2, num_key_value_heads=2, hidden_size=128),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("name", list(FORWARD_CONFIGS))
+def test_one_call_forward_equals_the_op_by_op_native_path_bit_for_bit(tiny_llama_factory, name, threads):
+    # A prefill of three prompts in chunks (one extending its cached prefix), then decodes of all three, through
+    # native.forward (what pack_linears sets up) and through the layers' op-by-op native kernels: the same hidden
+    # states and the same caches, exactly, on any number of threads.
+    from inferfleet_runtime.attention import allocate_kv_cache
+
+    model_dir = tiny_llama_factory(f"forward-{name}", **FORWARD_CONFIGS[name])
+    model = load_model(model_dir, device="cpu", kernels="native").model
+    pack_linears(model)
+    assert model.native_weights is not None
+    block_size, gen = 16, torch.Generator().manual_seed(3)
+    tables = [[5, 2, 7], [1, 9], [3, 4, 8]]
+    ids = lambda n: torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    steps = [
+        (tables, [20, 3, 17], [20, 3, 17], ids(40)),  # prefill
+        (tables, [20, 9, 33], [1, 6, 16], ids(23)),  # decode, extend, prefill chunk past a block edge
+        *[(tables, [21 + i, 10 + i, 34 + i], [1, 1, 1], ids(3)) for i in range(4)],  # decodes
+    ]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        fused_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
+        fused = paged_steps(model, fused_caches, steps, block_size)
+        weights, model.native_weights = model.native_weights, None
+        op_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
+        op_by_op = paged_steps(model, op_caches, steps, block_size)
+        model.native_weights = weights
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(fused, op_by_op):
+        assert torch.equal(a, b)
+    for (k1, v1), (k2, v2) in zip(fused_caches, op_caches):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert op_caches[0][0].abs().sum() > 0
+
+
+def test_one_call_forward_refuses_a_token_past_the_vocabulary(tiny_llama_factory):
+    from inferfleet_runtime.attention import allocate_kv_cache
+
+    model = load_model(tiny_llama_factory("forward-gqa", **FORWARD_CONFIGS["gqa"]), device="cpu", kernels="native")
+    pack_linears(model.model)
+    caches = allocate_kv_cache(model.config, 4, 16, torch.device("cpu"))
+    with pytest.raises(IndexError, match=f"token ids must be in \\[0, {model.config.vocab_size}\\)"):
+        paged_steps(model.model, caches, [([[1]], [2], [2], [0, model.config.vocab_size])], 16)
+    assert all(k.abs().sum() == 0 for k, _ in caches)  # nothing written
