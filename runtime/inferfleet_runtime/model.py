@@ -149,7 +149,7 @@ def native_decoder_weights(model: LlamaModel) -> native.DecoderWeights:
         layers=layers, embed=model.embed_tokens.weight.detach(), final_norm=model.norm.weight.detach(),
         cos_sin=model.cos_sin_cache, num_q_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim, intermediate=config.intermediate_size, eps=config.rms_norm_eps,
-        scale=config.head_dim**-0.5,
+        scale=model.layers[0].self_attn.scale,
     )  # fmt: skip
 
 

@@ -12,7 +12,8 @@
  *
  * Parallelism: only the attention and the linear layers have enough work per call to pay for waking threads;
  * they run on up to `num_threads` OpenMP threads (the libgomp torch already loaded, so one thread pool). The
- * element-wise ops run on the calling thread.
+ * element-wise ops run on the calling thread. inferfleet_forward instead keeps its threads for the whole step and
+ * splits every phase between them (see there).
  */
 #include <math.h>
 #include <omp.h>
