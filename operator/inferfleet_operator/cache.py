@@ -81,13 +81,17 @@ class ReadCache:
         meta = obj["metadata"]
         self.written[(obj["kind"], meta.get("namespace") or "", meta["name"])] = strip_object(obj)
 
-    def observed(self, kind: str, obj: Mapping, *, is_deleted: bool = False) -> None:
-        """Called on every watch event: drops what the index now knows at least as well."""
+    def observed(self, kind: str, obj: Mapping, *, is_deleted: bool = False) -> bool:
+        """Called on every watch event: drops what the index now knows at least as well. True when the
+        event is this process's own last write of the object coming back (the same resourceVersion): the
+        reconcile that wrote it already knew everything the event carries."""
         meta = obj.get("metadata", {})
         key = (kind, meta.get("namespace") or "", meta.get("name", ""))
         cached = self.written.get(key)
-        if cached is not None and (is_deleted or _rv(obj) >= _rv(cached)):
-            del self.written[key]
+        if cached is None or not (is_deleted or _rv(obj) >= _rv(cached)):
+            return False
+        del self.written[key]
+        return not is_deleted and _rv(obj) == _rv(cached)
 
     def fresher(self, kind: str, indexed: dict | None, namespace: str, name: str) -> dict | None:
         """The newer of the indexed object and the one this process last wrote."""

@@ -210,7 +210,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     metrics.watch_builds(lambda: (b.get("status", {}).get("state", "Pending") for b in ctx.cache.all_values(BUILDS)))
     metrics.watch_degraded(lambda: ctx.cache.all_values(SERVICES))
     memo.ctx, memo.queue, memo.node_signatures, memo.ready_replicas = ctx, queue, {}, {}
-    memo.pod_findings = {}
+    memo.pod_findings, memo.child_contents = {}, {}
     queue.start()
     logger.info(
         "Started operator %s for %s",
@@ -282,7 +282,9 @@ async def claim_index(namespace: str, name: str, **_: Any):
 
 
 async def service_event(type: str, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.ctx.cache.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
+    is_echo = memo.ctx.cache.observed(SERVICE_KIND, body, is_deleted=type == "DELETED")
+    if is_echo:
+        return  # the status this process just wrote, coming back: nothing new to reconcile
     if type == "DELETED":
         memo.queue.forget((SERVICE_KIND, namespace, name))
         memo.ctx.cache.forget(SERVICE_KIND, namespace, name)
@@ -311,11 +313,14 @@ async def child_event(
     type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
     kind = body.get("kind")
-    memo.ctx.cache.observed(kind, body, is_deleted=type == "DELETED")
-    memo.queue.enqueue(
-        (SERVICE_KIND, namespace, labels[SERVICE_LABEL]),
-        fast=kind == "Deployment" and _readiness_changed(memo, type, body),
-    )
+    is_echo = memo.ctx.cache.observed(kind, body, is_deleted=type == "DELETED")
+    is_ready_changed = kind == "Deployment" and _readiness_changed(memo, type, body)
+    # A child changes far more often than its service's plan can: its controllers write its status (a
+    # Deployment's several times per rollout, a PodDisruptionBudget's on every pod change). The reconcile
+    # reads a child's metadata and spec (drift, stale children) and a Deployment's ready count, nothing else.
+    is_changed = _content_changed(memo, type, body)
+    if is_ready_changed or (is_changed and not is_echo):
+        memo.queue.enqueue((SERVICE_KIND, namespace, labels[SERVICE_LABEL]), fast=is_ready_changed)
 
 
 async def job_event(type: str, namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -388,6 +393,33 @@ def _readiness_changed(memo: kopf.Memo, type: str, body: Mapping[str, Any]) -> b
     if type != "DELETED":
         memo.ready_replicas[key] = ready
     return ready != before
+
+
+def _content_changed(memo: kopf.Memo, type: str, body: Mapping[str, Any]) -> bool:
+    """Whether a child's metadata or spec moved since its last event (or it appeared or went). The status,
+    the resourceVersion, managedFields and the Deployment controller's own annotations
+    (deployment.kubernetes.io/revision) are left out: the reconcile reads none of them."""
+    meta = body.get("metadata", {})
+    key = (body.get("kind"), meta.get("namespace"), meta.get("name"))
+    if type == "DELETED":
+        memo.child_contents.pop(key, None)
+        return True
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith(_DEPLOYMENT_BOOKKEEPING)
+    }
+    view = (
+        {k: v for k, v in meta.items() if k not in ("resourceVersion", "managedFields", "annotations")},
+        annotations,
+        {k: v for k, v in body.items() if k not in ("metadata", "status")},
+    )
+    digest = hash(repr(view))
+    if memo.child_contents.get(key) == digest:
+        return False
+    memo.child_contents[key] = digest
+    return True
+
+
+_DEPLOYMENT_BOOKKEEPING = "deployment.kubernetes.io/"
 
 
 def _enqueue_all_services(memo: kopf.Memo, service_index: kopf.Index) -> None:

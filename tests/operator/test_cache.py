@@ -42,3 +42,16 @@ def test_the_cluster_view_is_rebuilt_only_after_a_change():
 def test_claims_are_unknown_unless_watched():
     assert ReadCache({}).claims("ns") is None
     assert ReadCache({c.CLAIMS: {"ns": ["models"]}}).claims("ns") == frozenset({"models"})
+
+
+def test_an_event_is_an_echo_only_when_it_is_exactly_the_objects_own_last_write():
+    cache = ReadCache({})
+    assert not cache.observed("Deployment", deployment(3))  # nothing written: someone else's change
+    cache.remember(deployment(5))
+    assert not cache.observed("Deployment", deployment(4))  # older than the write
+    assert cache.observed("Deployment", deployment(5))  # the write itself coming back
+    assert not cache.observed("Deployment", deployment(5))  # once only: the memo of the write is gone
+    cache.remember(deployment(7))
+    assert not cache.observed("Deployment", deployment(8))  # a newer change on top of the write
+    cache.remember(deployment(9))
+    assert not cache.observed("Deployment", deployment(9), is_deleted=True)

@@ -191,3 +191,31 @@ def test_only_a_change_in_a_deployments_ready_replicas_asks_for_the_fast_lane():
     assert not _readiness_changed(memo, "MODIFIED", deployment(1))  # status churn, same count
     assert _readiness_changed(memo, "DELETED", deployment(1))
     assert memo.ready_replicas == {}
+
+
+def test_a_child_event_counts_as_a_change_only_when_its_metadata_or_spec_moved():
+    from types import SimpleNamespace
+
+    from inferfleet_operator.handlers import _content_changed
+
+    memo = SimpleNamespace(child_contents={})
+
+    def deployment(rv, replicas=1, ready=0, labels=None, annotations=None):
+        meta = {"namespace": "ns", "name": "d", "resourceVersion": str(rv), "managedFields": [{"manager": str(rv)}]}
+        meta.update(labels=labels or {"app": "a"}, annotations=annotations or {})
+        return {
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {"replicas": replicas},
+            "status": {"readyReplicas": ready},
+        }
+
+    assert _content_changed(memo, "ADDED", deployment(1))
+    assert not _content_changed(memo, "MODIFIED", deployment(2, ready=1))  # its controller's status write
+    revision = {"deployment.kubernetes.io/revision": "1"}
+    assert not _content_changed(memo, "MODIFIED", deployment(3, annotations=revision))  # the controller's own
+    assert _content_changed(memo, "MODIFIED", deployment(4, replicas=3))  # scaled by hand: drift
+    assert _content_changed(memo, "MODIFIED", deployment(5, replicas=3, labels={"app": "b"}))
+    assert _content_changed(memo, "MODIFIED", deployment(6, replicas=3, annotations={"note": "x"}))
+    assert _content_changed(memo, "DELETED", deployment(7))
+    assert memo.child_contents == {}
