@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def test_scale_bench_reports_time_requests_and_memory_against_the_floor(tmp_path):
     out = tmp_path / "scale.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--nodes", "20", "--services", "5", "--json", str(out)],
+        [sys.executable, str(SCRIPT), "--nodes", "20", "--services", "5", "--request-costs", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -43,3 +43,16 @@ def test_scale_bench_reports_time_requests_and_memory_against_the_floor(tmp_path
     for key in ("operator_seconds", "floor_seconds", "ratio", "operator_peak_rss_mb"):
         assert f"{key}: {figures[key]}" in result.stdout
     assert "InferenceServices Ready: 5/5" in result.stderr
+    # --request-costs: the API server's CPU per request of every kind of write the runs made, measured.
+    costs = figures["apiserver_cpu_ms_per_request"]
+    assert set(costs) == {
+        "create InferenceService",
+        "apply-status InferenceService",
+        "create Event",
+        "apply Deployment",
+        "apply Service",
+        "apply PodDisruptionBudget",
+    }
+    assert all(ms > 0 for ms in costs.values()), costs
+    assert figures["apiserver_cpu_ms_per_service_inferenceservice_writes"] > costs["create InferenceService"]
+    assert figures["apiserver_cpu_ms_per_service_floor_run"] > 0

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,9 +93,9 @@ class PlainClient:
             path = resource_path(obj["apiVersion"], obj["kind"], obj["metadata"].get("namespace"))
         await self.request("POST", path, json=obj)
 
-    async def apply(self, obj: dict) -> None:
+    async def apply(self, obj: dict, subresource: str = "") -> None:
         meta = obj["metadata"]
-        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], subresource)
         await self.request(
             "PATCH",
             path,
@@ -443,6 +444,117 @@ async def run_operator(
     return result
 
 
+async def request_costs(
+    client: PlainClient, services: list[dict], children: list[list[dict]], apiserver_pid: int, rounds: int = 3
+) -> dict[str, float]:
+    """API server CPU milliseconds per request, for each kind of write the two runs make, measured one kind at a
+    time with nothing else running (the operator stopped): `rounds` rounds of one request per object, as many
+    in flight as the bench's client allows, each round on new objects in namespace scale-cost; the median round.
+    The InferenceServices are the operator run's, with the status the operator wrote; the children are the
+    floor's, their Deployments at 0 replicas (the write's cost, not its rollout's). Each write's own cascade
+    (a Service's ClusterIP and endpoints, a Deployment's ReplicaSet) is in its figure."""
+    namespace = "scale-cost"
+    await client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    await wait_for_async(lambda: client.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
+    live = await client.list("/apis/inferfleet.dev/v1alpha1/inferenceservices", f"{BENCH_LABEL}=true")
+    status_by_name = {(s["metadata"]["namespace"], s["metadata"]["name"]): s.get("status") or {} for s in live}
+
+    def moved(obj: dict, name: str) -> dict:
+        meta = obj["metadata"]
+        labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != MANAGED_BY_LABEL}
+        out = {**obj, "metadata": {"name": name, "namespace": namespace, "labels": labels}}
+        out.pop("status", None)
+        if obj["kind"] == "Deployment":
+            out["spec"] = {**obj["spec"], "replicas": 0}
+        return out
+
+    def status_apply(service: dict, name: str) -> dict:
+        key = (service["metadata"]["namespace"], service["metadata"]["name"])
+        meta = {"name": name, "namespace": namespace}
+        return {
+            "apiVersion": service["apiVersion"],
+            "kind": service["kind"],
+            "metadata": meta,
+            "status": status_by_name[key],
+        }
+
+    def event(service: dict, name: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.cost", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": service["apiVersion"],
+                "kind": service["kind"],
+                "name": name,
+                "namespace": namespace,
+            },
+            "type": "Normal",
+            "reason": "RolledOut",
+            "message": "as planned",
+            "source": {"component": "inferfleet-scale-bench"},
+            "firstTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "count": 1,
+        }
+
+    # At least 100 requests a round (the CPU clock ticks every 10 ms): small runs repeat their objects.
+    size = max(100, len(services))
+    picked = [services[i % len(services)] for i in range(size)]
+    by_kind = {
+        kind: [c for per in children for c in per if c["kind"] == kind]
+        for kind in ("Deployment", "Service", "PodDisruptionBudget")
+    }
+    kinds = {
+        "create InferenceService": lambda r: [client.create(moved(s, f"s{r}-{i}")) for i, s in enumerate(picked)],
+        "apply-status InferenceService": lambda r: [
+            client.apply(status_apply(s, f"s{r}-{i}"), subresource="status") for i, s in enumerate(picked)
+        ],
+        "create Event": lambda r: [client.create(event(s, f"s{r}-{i}")) for i, s in enumerate(picked)],
+        **{
+            f"apply {kind}": lambda r, objs=objs: [
+                client.apply(moved(objs[i % len(objs)], f"c{r}-{i}")) for i in range(max(100, len(objs)))
+            ]
+            for kind, objs in by_kind.items()
+        },
+    }
+    samples: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(rounds):
+        for kind, requests in kinds.items():
+            pending = requests(r)
+            before = _cpu_seconds(apiserver_pid)
+            await asyncio.gather(*pending)
+            samples[kind].append(1000 * (_cpu_seconds(apiserver_pid) - before) / len(pending))
+    log("request costs (API server CPU ms, rounds): " + "; ".join(f"{k} {v}" for k, v in samples.items()))
+    return {k: round(statistics.median(v), 2) for k, v in samples.items()}
+
+
+def _cost_figures(costs: dict[str, float], op: dict, floor: dict, num: int) -> dict:
+    """The per-request costs, and what the operator run's own writes of the InferenceServices (the bench's
+    creates, the operator's status writes and Events, at the counts the run made) cost the API server per
+    service, beside the API server's CPU per service over the whole floor run."""
+    counts = op["requests_by_verb_kind"]
+    own = costs["create InferenceService"] + sum(
+        costs[kind] * counts.get(kind, 0) / num for kind in ("apply-status InferenceService", "create Event")
+    )
+    return {
+        "apiserver_cpu_ms_per_request": costs,
+        "apiserver_cpu_ms_per_service_inferenceservice_writes": round(own, 1),
+        "apiserver_cpu_ms_per_service_floor_run": round(1000 * floor["cpu_by_process"]["kube-apiserver"] / num, 1),
+    }
+
+
+async def wait_for_async(read, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await read()
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 def _start_py_spy(pid: int, out: Path) -> subprocess.Popen:
     """Samples the operator's Python stacks (py-spy, when installed) until _stop_py_spy."""
     py_spy = shutil.which("py-spy")
@@ -564,6 +676,10 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
         finally:
             operator.stop()
         num = len(services)
+        costs = {}
+        if args.request_costs:
+            log("Request costs: each kind of write the runs make, one kind at a time")
+            costs = await request_costs(client, services, children, pids["kube-apiserver"])
         return {
             "nodes": len(nodes),
             "services": num,
@@ -597,6 +713,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, work: Path, is_own: 
             "operator_idle_rss_mb": round(op["idle_rss_mb"], 1),
             "operator_reconciles": int(op["reconciles"]),
             "operator_reconcile_errors": int(op["reconcile_errors"]),
+            **(_cost_figures(costs, op, floor, num) if costs else {}),
         }
     finally:
         await client.close()
@@ -619,6 +736,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="a fresh running cluster to use (default: start one); what the bench "
         "creates there (nodes, scale-* namespaces) is left in place",
+    )
+    parser.add_argument(
+        "--request-costs",
+        action="store_true",
+        help="after the runs, measure the API server's CPU per request of each kind of write they made",
     )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the bench's own cluster up")
     parser.add_argument("--json", type=Path, help="also write the figures here")
