@@ -396,21 +396,25 @@ def _readiness_changed(memo: kopf.Memo, type: str, body: Mapping[str, Any]) -> b
 
 
 def _content_changed(memo: kopf.Memo, type: str, body: Mapping[str, Any]) -> bool:
-    """Whether a child's metadata or spec moved since its last event (or it appeared or went). The status,
-    the resourceVersion, managedFields and the Deployment controller's own annotations
-    (deployment.kubernetes.io/revision) are left out: the reconcile reads none of them."""
+    """Whether a child's metadata or spec moved since its last event (or it appeared or went). The spec is
+    stood for by metadata.generation, which the API server bumps on every spec change, where the kind keeps
+    one (Deployments, PDBs; a Service's spec is compared itself). The status, resourceVersion, managedFields
+    and the Deployment controller's own annotations (deployment.kubernetes.io/revision) are left out: the
+    reconcile reads none of them."""
     meta = body.get("metadata", {})
     key = (body.get("kind"), meta.get("namespace"), meta.get("name"))
     if type == "DELETED":
         memo.child_contents.pop(key, None)
         return True
-    annotations = {
-        k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith(_DEPLOYMENT_BOOKKEEPING)
-    }
+    annotations = meta.get("annotations") or {}
     view = (
-        {k: v for k, v in meta.items() if k not in ("resourceVersion", "managedFields", "annotations")},
-        annotations,
-        {k: v for k, v in body.items() if k not in ("metadata", "status")},
+        meta.get("uid"),
+        meta.get("generation") or body.get("spec"),
+        meta.get("labels"),
+        {k: v for k, v in annotations.items() if not k.startswith(_DEPLOYMENT_BOOKKEEPING)},
+        meta.get("ownerReferences"),
+        meta.get("finalizers"),
+        meta.get("deletionTimestamp"),
     )
     digest = hash(repr(view))
     if memo.child_contents.get(key) == digest:

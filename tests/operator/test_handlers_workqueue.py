@@ -200,22 +200,24 @@ def test_a_child_event_counts_as_a_change_only_when_its_metadata_or_spec_moved()
 
     memo = SimpleNamespace(child_contents={})
 
-    def deployment(rv, replicas=1, ready=0, labels=None, annotations=None):
-        meta = {"namespace": "ns", "name": "d", "resourceVersion": str(rv), "managedFields": [{"manager": str(rv)}]}
-        meta.update(labels=labels or {"app": "a"}, annotations=annotations or {})
-        return {
-            "kind": "Deployment",
-            "metadata": meta,
-            "spec": {"replicas": replicas},
-            "status": {"readyReplicas": ready},
-        }
+    def child(rv, generation=None, replicas=1, ready=0, labels=None, annotations=None, name="d"):
+        meta = {"namespace": "ns", "name": name, "uid": "u", "resourceVersion": str(rv)}
+        meta.update(managedFields=[{"manager": str(rv)}], labels=labels or {"app": "a"}, annotations=annotations or {})
+        if generation is not None:
+            meta["generation"] = generation
+        return {"kind": "Deployment", "metadata": meta, "spec": {"replicas": replicas}, "status": {"ready": ready}}
 
-    assert _content_changed(memo, "ADDED", deployment(1))
-    assert not _content_changed(memo, "MODIFIED", deployment(2, ready=1))  # its controller's status write
+    # A kind that keeps metadata.generation (Deployment, PDB): the generation stands for the spec.
+    assert _content_changed(memo, "ADDED", child(1, generation=1))
+    assert not _content_changed(memo, "MODIFIED", child(2, generation=1, ready=1))  # its controller's status write
     revision = {"deployment.kubernetes.io/revision": "1"}
-    assert not _content_changed(memo, "MODIFIED", deployment(3, annotations=revision))  # the controller's own
-    assert _content_changed(memo, "MODIFIED", deployment(4, replicas=3))  # scaled by hand: drift
-    assert _content_changed(memo, "MODIFIED", deployment(5, replicas=3, labels={"app": "b"}))
-    assert _content_changed(memo, "MODIFIED", deployment(6, replicas=3, annotations={"note": "x"}))
-    assert _content_changed(memo, "DELETED", deployment(7))
+    assert not _content_changed(memo, "MODIFIED", child(3, generation=1, annotations=revision))  # the controller's
+    assert _content_changed(memo, "MODIFIED", child(4, generation=2, replicas=3))  # scaled by hand: drift
+    assert _content_changed(memo, "MODIFIED", child(5, generation=2, replicas=3, labels={"app": "b"}))
+    assert _content_changed(memo, "MODIFIED", child(6, generation=2, replicas=3, annotations={"note": "x"}))
+    assert _content_changed(memo, "DELETED", child(7, generation=2))
     assert memo.child_contents == {}
+    # A kind without it (a Service): the spec itself is compared.
+    assert _content_changed(memo, "ADDED", child(8, name="s"))
+    assert not _content_changed(memo, "MODIFIED", child(9, name="s", ready=1))
+    assert _content_changed(memo, "MODIFIED", child(10, name="s", replicas=2))
