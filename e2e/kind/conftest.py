@@ -1,8 +1,10 @@
-"""Fixtures for the kind tier: this work tree's kind cluster (e2e/kind/up.sh) with real CPU capacity
-and simulated GPU pools, brought up once per session and deleted afterwards when the session made it.
+"""Fixtures for the kind tier: this work tree's test cluster (e2e/kind/up.sh with INFERFLEET_KIND_ROLE=tests)
+with real CPU capacity and simulated GPU pools, brought up once per session and deleted afterwards when the
+session made it. It is not the demo's cluster (e2e/kind/demo.sh), which stays as the demo left it: the tier
+installs, upgrades and uninstalls its own release of the chart, CRDs included, where no demo can own them.
 
 Environment:
-- INFERFLEET_KEEP_CLUSTER=1: leave the kind cluster up after the session (the next one reuses it).
+- INFERFLEET_KEEP_CLUSTER=1: leave the test cluster up after the session (the next one reuses it).
 - INFERFLEET_CLUSTER_BIN: the control-plane binaries (kubectl, helm) as for the other e2e tiers.
 """
 
@@ -38,7 +40,7 @@ def _script(name: str, env: dict, log: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def kind_cluster(tmp_path_factory) -> KindCluster:
     bin_dir = cluster_bin()
-    env = {**os.environ, "INFERFLEET_CLUSTER_BIN": str(bin_dir)}
+    env = {**os.environ, "INFERFLEET_CLUSTER_BIN": str(bin_dir), "INFERFLEET_KIND_ROLE": "tests"}
     log = tmp_path_factory.mktemp("kind") / "up.log"
     docker = subprocess.run(["bash", str(KIND_DIR / "docker.sh")], capture_output=True, text=True, env=env)
     if docker.returncode != 0:

@@ -3,8 +3,6 @@
 # and the Docker engine alone.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-state=${INFERFLEET_KIND_STATE:-$root/e2e/.state-kind}
-cluster=${INFERFLEET_KIND_CLUSTER:-inferfleet-$(echo "$root" | sha256sum | cut -c1-6)}
 node_bin=$(bash "$here/node-bins.sh")
 if has_kind_cluster "$node_bin/kind" "$cluster"; then
   "$node_bin/kind" delete cluster --name "$cluster" >&2

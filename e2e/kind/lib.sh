@@ -8,6 +8,18 @@ source "$root/e2e/cluster/pins.env"
 source "$here/pins.env"
 cache=${INFERFLEET_CACHE:-$HOME/.cache/inferfleet}
 
+# This work tree's kind clusters: the demo's (e2e/kind/demo.sh; it stays up afterwards) and the test tier's
+# (INFERFLEET_KIND_ROLE=tests, set by e2e/kind/conftest.py), so the tests neither depend on nor disturb what
+# the demo left running, and the demo never meets a test's release. INFERFLEET_KIND_CLUSTER and
+# INFERFLEET_KIND_STATE name another cluster and state folder outright.
+case "${INFERFLEET_KIND_ROLE:-demo}" in
+  demo) role_suffix= ;;
+  tests) role_suffix=-tests ;;
+  *) echo "[kind] INFERFLEET_KIND_ROLE must be demo or tests, not '${INFERFLEET_KIND_ROLE}'" >&2; exit 2 ;;
+esac
+cluster=${INFERFLEET_KIND_CLUSTER:-inferfleet-$(echo "$root" | sha256sum | cut -c1-6)$role_suffix}
+state=${INFERFLEET_KIND_STATE:-$root/e2e/.state-kind$role_suffix}
+
 log() { echo "[kind] $*" >&2; }
 
 # Exit 0 when a privileged container cannot start here (the known failure, nothing else), so the

@@ -6,8 +6,6 @@
 # image names, cluster name) and prints its path on stdout; progress with timings on stderr.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-state=${INFERFLEET_KIND_STATE:-$root/e2e/.state-kind}
-cluster=${INFERFLEET_KIND_CLUSTER:-inferfleet-$(echo "$root" | sha256sum | cut -c1-6)}
 mkdir -p "$state/models"
 began=$(date +%s)
 step() { log "$* (at $(( $(date +%s) - began )) s)"; }
