@@ -11,14 +11,10 @@ from urllib.parse import unquote, urlparse
 
 from tqdm import tqdm
 
+from .fetch_common import CREDENTIALS_HINT, FetchError, verify_sizes, wrong_sizes
 from .termination import fail
 
 URI_FORMS = "file:///path/to/model, hf://org/name[@revision] or s3://bucket/prefix"
-CREDENTIALS_HINT = "the Secret named by spec.model.credentialsSecret"
-
-
-class FetchError(RuntimeError):
-    """The source could not be fetched (missing, unreachable, incomplete)."""
 
 
 class BadURIError(ValueError):
@@ -129,7 +125,7 @@ def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
         snapshot_download(source.path, revision=info.sha, local_dir=to, endpoint=endpoint, token=token)
         # The library trusts its own bookkeeping for files it finished earlier; re-download any whose size
         # no longer matches (truncated or edited since).
-        for name in _wrong_sizes(to, expected):
+        for name in wrong_sizes(to, expected):
             hf_hub_download(
                 source.path, name, revision=info.sha, local_dir=to, endpoint=endpoint, token=token, force_download=True
             )
@@ -160,22 +156,6 @@ def _reason(exc: Exception, has_token: bool) -> str:
         return "repository not found (or no access with this token)"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _wrong_sizes(to: Path, expected: dict[str, int]) -> list[str]:
-    return [name for name, size in expected.items() if _size(to / name) != size]
-
-
-def _size(path: Path) -> int | None:
-    return path.stat().st_size if path.is_file() else None
-
-
-def verify_sizes(to: Path, expected: dict[str, int]) -> None:
-    for name in _wrong_sizes(to, expected):
-        actual = _size(to / name)
-        raise FetchError(
-            f"{to / name}: expected {expected[name]} bytes, found {'no file' if actual is None else actual}"
-        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

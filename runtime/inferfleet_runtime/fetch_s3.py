@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .fetch import CREDENTIALS_HINT, FetchError, verify_sizes
+from .fetch_common import CREDENTIALS_HINT, FetchError, verify_sizes
 
 CHUNK_BYTES = 1 << 20
 NUM_ATTEMPTS = 3  # per file, each resuming from what the previous one wrote

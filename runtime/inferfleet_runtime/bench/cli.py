@@ -10,6 +10,7 @@ import json
 import sys
 from datetime import UTC, datetime
 
+from .args import fail, positive_int
 from .datasets import parse_range
 
 
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--model", default=None, help="model id to request (default: the first in /v1/models)")
     serve.add_argument("--dataset", choices=("random", "sharegpt"), default="random")
     serve.add_argument("--dataset-path", default=None, help="ShareGPT-format JSON file (for --dataset sharegpt)")
-    serve.add_argument("--num-prompts", type=_positive_int, default=100, help="requests to send")
+    serve.add_argument("--num-prompts", type=positive_int, default=100, help="requests to send")
     serve.add_argument(
         "--random-input-len",
         type=_range,
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--sharegpt-output-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="max_tokens for every ShareGPT request (default: the reply's length)",
     )
@@ -70,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="gamma shape of the arrival gaps: 1 is a Poisson process, lower is burstier",
     )
-    serve.add_argument("--max-concurrency", type=_positive_int, default=None, help="requests in flight at most")
+    serve.add_argument("--max-concurrency", type=positive_int, default=None, help="requests in flight at most")
     serve.add_argument(
         "--goodput",
         nargs="+",
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         from .compare import run as compare
 
         return compare(args)
-    return _fail(f"unknown bench command {args.bench_command!r}")
+    return fail(f"unknown bench command {args.bench_command!r}")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -112,11 +113,11 @@ def serve(args: argparse.Namespace) -> int:
         samples = _samples(args)
         offsets = arrival_offsets(len(samples), args.request_rate, args.burstiness, args.seed)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     try:
         model = args.model or asyncio.run(_model(args.url, served_model))
     except Exception as exc:  # unreachable server, not OpenAI-compatible: one line, not a trace
-        return _fail(f"cannot list models at {args.url}: {type(exc).__name__}: {exc}", code=1)
+        return fail(f"cannot list models at {args.url}: {type(exc).__name__}: {exc}", code=1)
 
     progress = None
     if args.progress:
@@ -168,7 +169,7 @@ def serve(args: argparse.Namespace) -> int:
         try:
             write_plot(results, summary, args.plot)
         except ImportError as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
     return 0 if summary["completed"] else 1
 
 
@@ -206,18 +207,3 @@ def _range(text: str) -> tuple[int, int]:
         return parse_range(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
-def _fail(message: str, code: int = 2) -> int:
-    print(f"inferfleet-runtime bench: error: {message}", file=sys.stderr)
-    return code

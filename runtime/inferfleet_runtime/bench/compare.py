@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import _fail
+    from .args import fail
     from .datasets import parse_range
 
     try:
@@ -103,13 +103,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--concurrency needs positive integers, e.g. 1,8,32")
         input_len = parse_range(args.input_len)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     model_dir = Path(args.model) if args.model else default_model()
     if not (model_dir / "config.json").is_file():
-        return _fail(f"{model_dir} is not a checkpoint directory (no config.json)")
+        return fail(f"{model_dir} is not a checkpoint directory (no config.json)")
     llama = args.llama_server or shutil.which("llama-server")
     if args.llama_server and not (os.path.isfile(llama) and os.access(llama, os.X_OK)):
-        return _fail(f"--llama-server {llama} is not an executable file")
+        return fail(f"--llama-server {llama} is not an executable file")
     specs = [ours_spec(model_dir, args.serve_args)]
     if llama:
         gguf = Path(args.gguf) if args.gguf else gguf_for(model_dir)
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 results[spec.name].append(measure(spec, prompts, levels, args))
             except RuntimeError as exc:
-                return _fail(str(exc), code=1)
+                return fail(str(exc), code=1)
     summary = summarize(results, levels)
     print(format_table(summary, specs, args))
     errors = sorted({e for rounds in results.values() for rnd in rounds for lvl in rnd for e in lvl.errors})
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_plot(summary, args.plot)
         except ImportError as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
     return 1 if errors else 0
 
 
@@ -448,6 +448,6 @@ def _free_port() -> int:
 
 
 def _positive_int(text: str) -> int:
-    from .cli import _positive_int as check
+    from .args import positive_int as check
 
     return check(text)

@@ -1,0 +1,115 @@
+"""The import graphs of the two packages have no cycles (lazy imports inside functions included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"inferfleet_runtime": ROOT / "runtime", "inferfleet_operator": ROOT / "operator"}
+
+
+def module_files(package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of a package (a package's own name for its __init__)."""
+    base = PACKAGES[package]
+    modules = {}
+    for path in sorted((base / package).rglob("*.py")):
+        parts = list(path.relative_to(base).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's own modules that one module imports, at any depth of its code."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = name.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    modules = module_files(package)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_package_has_no_import_cycle(package):
+    graph = import_graph(package)
+    assert cycles(graph) == []
+
+
+def test_cycle_finder_sees_a_two_module_cycle_and_ignores_a_chain():
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_imports_resolve_relative_and_lazy_imports(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from . import leaf\n")
+    (package / "sub" / "leaf.py").write_text("def f():\n    from ..top import g\n")
+    (package / "top.py").write_text("import pkg.sub.leaf\n")
+    modules = {"pkg": package / "__init__.py", "pkg.sub": package / "sub" / "__init__.py"}
+    modules |= {"pkg.sub.leaf": package / "sub" / "leaf.py", "pkg.top": package / "top.py"}
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert graph["pkg.sub"] == {"pkg.sub.leaf"}
+    assert graph["pkg.sub.leaf"] == {"pkg.top"}
+    assert graph["pkg.top"] == {"pkg.sub.leaf"}
+    assert cycles(graph) == [["pkg.sub.leaf", "pkg.top"]]
