@@ -45,3 +45,17 @@ has_kind_cluster() {
   clusters=$("$kind_bin" get clusters 2>/dev/null) || return 1
   grep -qxF "$name" <<<"$clusters"
 }
+
+# Deletes every other inferfleet-* kind cluster whose node container is not running: after a reboot or a stopped
+# Docker engine such clusters are dead (up.sh would delete and recreate them anyway), and each holds a copy of the
+# runtime image, so clusters of clones that are gone would otherwise fill the disk one image at a time.
+delete_stopped_clusters() {
+  local kind_bin=$1 keep=$2 clusters name
+  clusters=$("$kind_bin" get clusters 2>/dev/null) || return 0
+  for name in $clusters; do
+    case "$name" in inferfleet-*) ;; *) continue ;; esac
+    [ "$name" != "$keep" ] || continue
+    [ "$(docker inspect -f '{{.State.Running}}' "$name-control-plane" 2>/dev/null)" != true ] || continue
+    "$kind_bin" delete cluster --name "$name" >/dev/null 2>&1 && log "Deleted kind cluster $name (its node was not running)"
+  done
+}

@@ -79,3 +79,28 @@ def test_the_demo_cluster_keeps_its_release_and_service_after_the_tier(kind_clus
         service = demo.get("infsvc", "demo", DEMO_WORKLOADS)
         assert service, "the demo's InferenceService is gone"
         assert (condition(service, "Ready") or {}).get("status") == "True", service.get("status")
+
+
+def test_stopped_inferfleet_clusters_are_deleted_and_running_or_foreign_ones_kept(tmp_path):
+    # A fake kind and docker: four clusters, two of them running; deletions are recorded.
+    kind = tmp_path / "kind"
+    kind.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = get ]; then printf "inferfleet-aaaaaa\\ninferfleet-bbbbbb\\ninferfleet-cccccc\\nother\\n"; fi\n'
+        f'if [ "$1" = delete ]; then echo "$4" >> {tmp_path}/deleted; fi\n'
+    )
+    docker = tmp_path / "docker"
+    docker.write_text('#!/bin/sh\ncase "$4" in inferfleet-aaaaaa-*) echo true ;; *) echo false ;; esac\n')
+    for tool in (kind, docker):
+        tool.chmod(0o755)
+    script = 'source "$1"; delete_stopped_clusters "$2" inferfleet-cccccc'
+    result = subprocess.run(
+        ["bash", "-c", script, "_", str(KIND_DIR / "lib.sh"), str(kind)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stderr
+    # aaaaaa runs, cccccc is the cluster being brought up, "other" is not ours: only bbbbbb goes.
+    assert (tmp_path / "deleted").read_text().split() == ["inferfleet-bbbbbb"]
+    assert "Deleted kind cluster inferfleet-bbbbbb (its node was not running)" in result.stderr

@@ -44,6 +44,7 @@ if has_kind_cluster "${kind[@]}" "$cluster"; then
   fi
 fi
 if ! has_kind_cluster "${kind[@]}" "$cluster"; then
+  delete_stopped_clusters "${kind[@]}" "$cluster"
   step "Creating kind cluster $cluster"
   {
     echo "kind: Cluster"
