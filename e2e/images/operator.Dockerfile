@@ -1,7 +1,9 @@
 # The operator image: `inferfleet-operator` (kopf) alone, no torch. Runs as a non-root user with a
 # read-only root filesystem; the final image has no shell (nothing at run time needs one).
 # Built by e2e/kind/images.sh; by hand from the repository root:
-#   tar -c pyproject.toml README.md runtime operator e2e/images -C /etc/ssl/certs \
+#   python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+#     print("\\n".join(p["dependencies"] + p["optional-dependencies"]["operator"]))' > /tmp/requirements-operator.txt
+#   tar -c pyproject.toml README.md runtime operator e2e/images -C /tmp requirements-operator.txt -C /etc/ssl/certs \
 #     --transform s/ca-certificates.crt/build-ca.crt/ ca-certificates.crt | \
 #     docker build -f e2e/images/operator.Dockerfile -t inferfleet/operator:dev -
 ARG BASE_IMAGE=debian:bookworm
@@ -15,16 +17,14 @@ ENV PATH=/opt/inferfleet/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CH
 # The build host's CA bundle (images.sh adds it to the context; empty when it has none), for hosts
 # whose package index is reached through a TLS-inspecting proxy. Only this build stage sees it.
 COPY build-ca.crt /tmp/build-ca.crt
-COPY pyproject.toml /src/pyproject.toml
-RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['operator']))" > /tmp/requirements.txt \
- && if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
+COPY requirements-operator.txt /tmp/requirements.txt
+RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
  && pip install -q -r /tmp/requirements.txt
 
 # The project itself as a wheel: in the final image it is a small layer of its own above the
 # dependencies' layer, which stays the same (and is loaded into clusters once) across source changes.
 FROM deps AS wheel
-COPY README.md /src/README.md
+COPY pyproject.toml README.md /src/
 COPY runtime /src/runtime
 COPY operator /src/operator
 RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \

@@ -1,7 +1,9 @@
 # The serving runtime image: `inferfleet-runtime serve|compile|fetch|demo-model|bench`, the program
 # every serving pod and compile Job of the operator runs (the manifests call `inferfleet-runtime`).
 # Built by e2e/kind/images.sh; by hand from the repository root:
-#   tar -c pyproject.toml README.md runtime operator e2e/images -C /etc/ssl/certs \
+#   python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+#     print("\\n".join(p["dependencies"] + p["optional-dependencies"]["runtime"]))' > /tmp/requirements-runtime.txt
+#   tar -c pyproject.toml README.md runtime operator e2e/images -C /tmp requirements-runtime.txt -C /etc/ssl/certs \
 #     --transform s/ca-certificates.crt/build-ca.crt/ ca-certificates.crt | \
 #     docker build -f e2e/images/runtime.Dockerfile -t inferfleet/runtime-cpu:dev -
 # Flavours (build args):
@@ -24,18 +26,17 @@ ENV PATH=/opt/inferfleet/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CH
 # whose package index is reached through a TLS-inspecting proxy. Only this build stage sees it.
 COPY build-ca.crt /tmp/build-ca.crt
 ARG TORCH_INDEX_URL=""
-# Dependencies first, from pyproject.toml alone: a source change rebuilds only the last layer.
-COPY pyproject.toml /src/pyproject.toml
-RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['runtime']))" > /tmp/requirements.txt \
- && if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
+# Dependencies first, from the requirements images.sh reads out of pyproject.toml (the project's own and this
+# image's extra): a source change, or an edit elsewhere in pyproject.toml, rebuilds only the layers above.
+COPY requirements-runtime.txt /tmp/requirements.txt
+RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
  && if [ -n "$TORCH_INDEX_URL" ]; then pip install -q --index-url "$TORCH_INDEX_URL" torch; fi \
  && pip install -q -r /tmp/requirements.txt
 
 # The project itself as a wheel: in the final image it is a small layer of its own above the
 # dependencies' layer, which stays the same (and is loaded into clusters once) across source changes.
 FROM deps AS wheel
-COPY README.md /src/README.md
+COPY pyproject.toml README.md /src/
 COPY runtime /src/runtime
 COPY operator /src/operator
 RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \

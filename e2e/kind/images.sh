@@ -22,6 +22,14 @@ if [ -s "$ca_file" ]; then cp "$ca_file" "$ca_dir/build-ca.crt"; else : > "$ca_d
 # pyproject.toml names README.md as the package's long description; a stub stands in for it, so
 # editing the README neither rebuilds nor changes an image.
 echo "inferfleet: see the project's README.md" > "$ca_dir/README.md"
+# Each image's dependencies (the project's own plus its extra) as a requirements file: the Dockerfiles install
+# them in a layer of their own, so editing another part of pyproject.toml (the dev extra, tool settings) keeps
+# that layer (torch alone is several GB) and rebuilds only the project's wheel above it.
+for extra in runtime operator; do
+  python3 -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"][sys.argv[2]]))' "$root/pyproject.toml" "$extra" \
+    > "$ca_dir/requirements-$extra.txt"
+done
 
 # sha256 over every input file's path and content (caches and bytecode left out).
 inputs_hash() {
@@ -38,7 +46,7 @@ build() {
   else
     log "Building $tag from e2e/images/$kind.Dockerfile (base $base; the runtime's torch is a large download the first time)"
     began=$(date +%s)
-    (cd "$root" && tar -c --exclude=__pycache__ --exclude='*.pyc' "${inputs[@]}" -C "$ca_dir" README.md build-ca.crt) |
+    (cd "$root" && tar -c --exclude=__pycache__ --exclude='*.pyc' "${inputs[@]}" -C "$ca_dir" README.md build-ca.crt "requirements-$kind.txt") |
       DOCKER_BUILDKIT=0 docker build -q -f "e2e/images/$kind.Dockerfile" --build-arg "BASE_IMAGE=$base" \
         --build-arg "TORCH_INDEX_URL=${INFERFLEET_TORCH_INDEX_URL:-}" \
         --label "dev.inferfleet.inputs=$hash" -t "$tag" - >&2
