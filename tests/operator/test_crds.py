@@ -264,15 +264,15 @@ def test_every_default_passes_its_own_rules_before_nested_defaulting(file_name):
         assert rule_failures(sub["default"], sub, path=path) == [], path
 
 
-def test_readme_example_service_is_admitted_and_plans():
+def test_documented_example_service_is_admitted_and_plans():
     import re
 
     from planning_data import NOW, RUNTIMES, h100, mi300x
 
     from inferfleet_operator.planner import plan_service
 
-    readme = (CRDS.parent / "README.md").read_text()
-    section = readme.split("## Operator", 1)[1]
+    page = (CRDS.parent / "docs" / "user-guide" / "resources.md").read_text()
+    section = page.split("## InferenceService", 1)[1]
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
     stored, errors = admit(example, "inferenceservices.yaml")
     assert errors == []
