@@ -21,4 +21,6 @@ export PYTHONPATH="$root/runtime:$root/operator${PYTHONPATH:+:$PYTHONPATH}"
 # Lint and format (configured in pyproject.toml) before any test runs.
 ruff check --no-cache .
 ruff format --check --no-cache .
+# The docs site (mkdocs.yml, docs/): a broken link, anchor or a page left out of the nav fails the build.
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 exec python -m pytest -ra "$@"
