@@ -33,8 +33,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(make_runner, config: EngineConfig, served_model_name: str, wait_ready: bool = True):
-    state, load = build_state(make_runner, config, served_model_name)
+def running_server(
+    make_runner,
+    config: EngineConfig,
+    served_model_name: str,
+    wait_ready: bool = True,
+    api_keys=None,
+    protect_metrics: bool = False,
+):
+    state, load = build_state(make_runner, config, served_model_name, api_keys, protect_metrics)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state, load), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from inferfleet_runtime.engine import CompletionOutput, ContextLengthError, RequestOutput
 from inferfleet_runtime.metrics import ServerMetrics
+from inferfleet_runtime.server.auth import ApiKeys
 from inferfleet_runtime.server.formats import ChatFormat, CompletionFormat, usage
 from inferfleet_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -49,6 +50,8 @@ class ServerState:
     engine: AsyncEngine | None = None  # None until the model has loaded
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    api_keys: ApiKeys | None = None  # None: the OpenAI endpoints are open
+    protect_metrics: bool = False  # /metrics asks for a key too (then scrapers need one)
 
 
 def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None) -> FastAPI:
@@ -76,6 +79,17 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         param = ".".join(loc) or None
         message = f"{param}: {first['msg']}" if param else str(first["msg"])
         return _error_response(APIError(400, message, param=param))
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        # /health and /ready stay open for the kubelet's probes; /metrics unless protect_metrics.
+        path = request.url.path
+        guarded = path.startswith("/v1/") or (path == "/metrics" and state.protect_metrics)
+        if guarded and state.api_keys is not None and not state.api_keys.allows(request.headers.get("authorization")):
+            message = "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'"
+            error = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return _error_response(error)
+        return await call_next(request)
 
     @app.get("/health")
     async def health():

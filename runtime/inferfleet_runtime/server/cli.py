@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from inferfleet_runtime.engine_config import KERNEL_BACKENDS, EngineConfig
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", metavar="DIR", help="Hugging Face checkpoint directory (paged engine)")
+    source.add_argument(
+        "--model", metavar="DIR", help="Hugging Face checkpoint directory, or a .gguf file (paged engine)"
+    )
     source.add_argument("--engine-dir", metavar="DIR", help="compiled engine directory (with manifest.json)")
     parser.add_argument(
         "--engine",
@@ -48,6 +51,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     parser.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/* (repeatable; also INFERFLEET_API_KEY, comma-separated)",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="read API keys from a file, one a line (e.g. a mounted Secret); repeatable",
+    )
+    parser.add_argument(
+        "--protect-metrics", action="store_true", help="/metrics needs an API key too (/health and /ready never do)"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -68,19 +88,30 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from inferfleet_runtime.server.auth import ENV_VAR, ApiKeyError, ApiKeys
+
     try:
         config = config_from_args(args)
-    except ValueError as exc:
+        api_keys = ApiKeys.from_sources(args.api_key, os.environ.get(ENV_VAR), args.api_key_file)
+    except (ValueError, ApiKeyError) as exc:
         return _fail(str(exc))
+    if args.protect_metrics and api_keys is None:
+        return _fail("--protect-metrics needs an API key (--api-key, --api-key-file or INFERFLEET_API_KEY)")
     mode = args.engine or ("compiled" if args.engine_dir else "paged")
     if mode == "paged":
         if not args.model:
             return _fail("--engine paged needs --model DIR")
+        from inferfleet_runtime.gguf_checkpoint import GGUFError, find_gguf
+
         model_dir = Path(args.model)
-        if not (model_dir / "config.json").is_file():
-            return _fail(f"{model_dir} is not a model directory (no config.json)")
+        try:
+            gguf_file = find_gguf(model_dir)
+        except GGUFError as exc:
+            return _fail(str(exc))
+        if gguf_file is None and not (model_dir / "config.json").is_file():
+            return _fail(f"{model_dir} is not a model directory (no config.json) nor a .gguf file")
         make_runner = _paged_runner(model_dir, config)
-        default_name = _default_name(model_dir)
+        default_name = gguf_file.stem if gguf_file else _default_name(model_dir)
     else:
         if not args.engine_dir:
             return _fail("--engine compiled needs --engine-dir DIR")
@@ -96,12 +127,20 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return _fail(str(exc))
         default_name = engine_dir.name
-    serve(make_runner, config, args.served_model_name or default_name, args.host, args.port, args.log_level)
+    name = args.served_model_name or default_name
+    serve(make_runner, config, name, args.host, args.port, args.log_level, api_keys, args.protect_metrics)
     return 0
 
 
 def serve(
-    make_runner, config: EngineConfig, served_model_name: str, host: str, port: int, log_level: str = "info"
+    make_runner,
+    config: EngineConfig,
+    served_model_name: str,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    api_keys=None,
+    protect_metrics: bool = False,
 ) -> None:
     """Starts uvicorn at once (/health answers, /ready says 503) and loads the model in the background."""
     import uvicorn
@@ -109,18 +148,27 @@ def serve(
     from inferfleet_runtime.server.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    state, load = build_state(make_runner, config, served_model_name)
+    state, load = build_state(make_runner, config, served_model_name, api_keys, protect_metrics)
+    if api_keys is not None:
+        logging.getLogger(__name__).info(
+            "Required an API key on /v1/*%s (%d key(s))", " and /metrics" if protect_metrics else "", len(api_keys.keys)
+        )
     uvicorn.run(create_app(state, load), host=host, port=port, log_level=log_level)
 
 
-def build_state(make_runner, config: EngineConfig, served_model_name: str):
+def build_state(make_runner, config: EngineConfig, served_model_name: str, api_keys=None, protect_metrics=False):
     """(ServerState, load) for create_app: load() builds the runner, engine and engine thread."""
     from inferfleet_runtime.async_engine import AsyncEngine
     from inferfleet_runtime.engine import LLMEngine
     from inferfleet_runtime.metrics import ServerMetrics
     from inferfleet_runtime.server.app import ServerState
 
-    state = ServerState(served_model_name=served_model_name, metrics=ServerMetrics(served_model_name))
+    state = ServerState(
+        served_model_name=served_model_name,
+        metrics=ServerMetrics(served_model_name),
+        api_keys=api_keys,
+        protect_metrics=protect_metrics,
+    )
 
     def load() -> AsyncEngine:
         engine = AsyncEngine(LLMEngine(make_runner(), config), config.max_queue_len, state.metrics)
