@@ -159,6 +159,19 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str = "api-key"
+
+
+@dataclass(frozen=True)
+class AuthSpec:
+    # A Secret in the service's namespace whose key holds the API keys (comma-separated): the serving containers
+    # get it as INFERFLEET_API_KEY by secretKeyRef; the operator never reads it. None = endpoints open.
+    api_key_secret: SecretKeyRef | None = None
+
+
+@dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
     engine: EngineEnvelope = field(default_factory=EngineEnvelope)
@@ -170,6 +183,7 @@ class InferenceServiceSpec:
     build: BuildSpec = field(default_factory=BuildSpec)
     routing: RoutingSpec = field(default_factory=RoutingSpec)
     autoscaling: AutoscalingSpec | None = None
+    auth: AuthSpec = field(default_factory=AuthSpec)
 
 
 # ---------------------------------------------------------------- InferenceRuntime

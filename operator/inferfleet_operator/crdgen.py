@@ -369,6 +369,29 @@ def inference_service() -> dict:
             "build": build_schema(),
             "routing": routing_schema(),
             "autoscaling": autoscaling_schema(),
+            "auth": obj(
+                "Who may call the service's OpenAI endpoints. /health and /ready stay open for the probes, and /metrics "
+                "for the operator's autoscaler and routing.",
+                {
+                    "apiKeySecret": obj(
+                        "A Secret in the service's namespace whose key holds the API keys clients must send as "
+                        "'Authorization: Bearer KEY' (several keys separated by commas). The serving containers get it "
+                        "as the environment variable INFERFLEET_API_KEY through a secretKeyRef; the operator never reads "
+                        "it. Unset, the endpoints are open.",
+                        {
+                            "name": string("Name of the Secret.", pattern=SECRET_NAME_PATTERN, max_length=253),
+                            "key": string(
+                                "Key inside the Secret.",
+                                default_of(api.SecretKeyRef, "key"),
+                                pattern=r"^[-._a-zA-Z0-9]+$",
+                                max_length=253,
+                            ),
+                        },
+                        required=("name",),
+                    ),
+                },
+                default={},
+            ),
         },
         required=("model",),
         rules=[

@@ -35,6 +35,7 @@ from .names import (
 from .pools import Pool
 
 RUN_AS = 1000  # the runtime images' non-root user
+API_KEY_ENV = "INFERFLEET_API_KEY"  # what `inferfleet-runtime serve` reads its API keys from
 
 
 def common_labels(service: str | None = None, pool: str | None = None) -> dict:
@@ -89,6 +90,14 @@ WRITABLE_ENV = [
 
 def _env() -> list[dict]:
     return [dict(item) for item in WRITABLE_ENV]
+
+
+def _api_key_env(auth) -> list[dict]:
+    """The serving container's API keys, by reference to the user's Secret (its value never passes the operator)."""
+    ref = auth.api_key_secret
+    if ref is None:
+        return []
+    return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
 def _pod_security() -> dict:
@@ -264,7 +273,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         "image": image,
         "command": ["inferfleet-runtime"],
         "args": args,
-        "env": _env(),
+        "env": _env() + _api_key_env(spec.auth),
         "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
         "resources": {
             "requests": _with_model_storage(

@@ -211,3 +211,30 @@ def test_gpu_pods_tolerate_their_gpu_resource_taint_unless_opted_out():
     opted_out = plan_service(service(placement={"tolerateGpuTaints": False}), [mi300x("m1")], RUNTIMES, {}, {}, NOW)
     pod = next(c for c in opted_out.children if c["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert "tolerations" not in pod
+
+
+def test_api_key_secret_reaches_every_serving_container_by_reference_only():
+    auth = {"apiKeySecret": {"name": "llama-keys", "key": "keys"}}
+    svc = service(replicas=3, placement={"vendors": ["nvidia", "amd", "cpu"]}, auth=auth)
+    built = {}
+    first = plan_service(svc, NODES, RUNTIMES, {}, {}, NOW)
+    for build in first.engine_builds:
+        built[build["metadata"]["name"]] = with_state(build, "Ready")
+    deployments = [c for c in plan_service(svc, NODES, RUNTIMES, built, {}, NOW).children if c["kind"] == "Deployment"]
+    engines = {d["metadata"]["labels"][m.ENGINE_LABEL] for d in deployments}
+    assert engines == {"compiled", "paged"}  # both serving paths carry the key
+    expected = {"name": "INFERFLEET_API_KEY", "valueFrom": {"secretKeyRef": {"name": "llama-keys", "key": "keys"}}}
+    for deployment in deployments:
+        containers = _containers(deployment["spec"]["template"]["spec"])
+        assert expected in containers["server"]["env"]
+        assert all(expected not in c.get("env", []) for name, c in containers.items() if name != "server")
+        assert "llama-keys" not in " ".join(containers["server"]["args"])  # never in the arguments
+
+
+def test_a_service_without_auth_serves_open_endpoints():
+    deployments = [
+        c for c in plan_service(service(), NODES, RUNTIMES, {}, {}, NOW).children if c["kind"] == "Deployment"
+    ]
+    for deployment in deployments:
+        env = _containers(deployment["spec"]["template"]["spec"])["server"]["env"]
+        assert all(item["name"] != "INFERFLEET_API_KEY" for item in env)
