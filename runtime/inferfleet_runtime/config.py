@@ -1,4 +1,5 @@
-"""ModelConfig: the fields of a Hugging Face Llama-family config.json that the runtime uses."""
+"""ModelConfig: the fields of a Hugging Face decoder's config.json that the runtime uses (the family-specific ones
+are read by the family's module in models/)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -35,8 +35,11 @@ class ModelConfig:
     bos_token_id: int | None = None
     rope_scaling: dict | None = None  # {"rope_type": "linear"|"llama3", "factor": ..., ...}; None = plain RoPE
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q, k, v and o projections carry biases (Llama's flag)
     mlp_bias: bool = False
+    family: str = "llama"  # the models/ family that builds the decoder (models.FAMILIES)
+    qkv_bias: bool = False  # q, k and v carry biases even without attention_bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype: str | torch.dtype | None = None) -> ModelConfig:
@@ -54,18 +57,14 @@ class ModelConfig:
     def from_hf(
         cls, hf: dict, name: str = "model", dtype: str | torch.dtype | None = None, generation: dict | None = None
     ) -> ModelConfig:
-        model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-            )
-        if hf.get("sliding_window") and hf["sliding_window"] < hf.get("max_position_embeddings", 0):
-            raise ConfigError(f"sliding-window attention (sliding_window={hf['sliding_window']}) is not supported")
+        from .models import find_family  # the families' modules import this one
+
+        family = find_family(hf)
         num_heads = hf["num_attention_heads"]
         hidden_size = hf["hidden_size"]
         theta, scaling = _rope(hf)
         eos_ids = _as_ids(hf.get("eos_token_id")) + _as_ids((generation or {}).get("eos_token_id"))
-        return cls(
+        fields = dict(
             name=name,
             vocab_size=hf["vocab_size"],
             hidden_size=hidden_size,
@@ -84,7 +83,10 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", False)),
             mlp_bias=bool(hf.get("mlp_bias", False)),
+            family=family.name,
         )
+        fields.update(family.config_fields(hf))  # the family's own fields, and its reading of shared ones
+        return cls(**fields)
 
 
 def resolve_dtype(value: str | torch.dtype | None) -> torch.dtype:
@@ -99,6 +101,14 @@ def resolve_dtype(value: str | torch.dtype | None) -> torch.dtype:
     return DTYPES[key]
 
 
+def refuse_sliding_window(hf: dict, is_sliding: list[bool]) -> None:
+    """ConfigError when a layer would attend through a window shorter than the context: the attention backends
+    have no windowed mask. A window at least max_position_embeddings long never drops a key, so it is full attention."""
+    window = hf.get("sliding_window")
+    if window and any(is_sliding) and window < hf.get("max_position_embeddings", 0):
+        raise ConfigError(f"sliding-window attention (sliding_window={window}) is not supported")
+
+
 def _rope(hf: dict) -> tuple[float, dict | None]:
     # Older configs carry rope_theta + rope_scaling; transformers 5 writes rope_parameters with rope_theta inside.
     params = dict(hf.get("rope_parameters") or {})
@@ -106,6 +116,9 @@ def _rope(hf: dict) -> tuple[float, dict | None]:
     merged = {**params, **scaling}
     theta = float(merged.pop("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type", merged.get("type", "default"))
+    partial = merged.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ConfigError(f"partial rotary embeddings (partial_rotary_factor={partial}) are not supported")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(f"rope type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
     if rope_type == "default":

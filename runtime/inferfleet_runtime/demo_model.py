@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from . import demo_text
 from .config import ModelConfig
 from .kernels import get_ops
-from .model import LlamaModel
+from .models.llama import LlamaModel
 
 SERVED_NAME = "inferfleet-demo"
 

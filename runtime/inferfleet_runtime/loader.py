@@ -13,9 +13,8 @@ from safetensors import safe_open
 
 from .config import ModelConfig
 from .device import pick_device
-from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
-from .model import LlamaModel
+from .models import build_model
 from .tokenizer import Tokenizer
 
 # Checkpoint projection name -> (fused parameter in our model, index of its row range).
@@ -35,7 +34,7 @@ class CheckpointError(ValueError):
 
 @dataclass
 class LoadedModel:
-    model: LlamaModel
+    model: torch.nn.Module  # the family's decoder (models.FAMILIES)
     config: ModelConfig
     tokenizer: Tokenizer
     device: torch.device
@@ -47,28 +46,21 @@ def load_model(
     device: str | torch.device | None = None,
     kernels: str = "auto",
 ) -> LoadedModel:
-    """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's.
-
-    model_dir is a Hugging Face checkpoint directory, a .gguf file or a directory holding one .gguf."""
+    """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's."""
     model_dir = Path(model_dir)
-    gguf_file = find_gguf(model_dir)
-    if gguf_file is not None:
-        config, tokenizer, weights = load_gguf(gguf_file, dtype)
-    else:
-        config = ModelConfig.from_dir(model_dir, dtype=dtype)
-        tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
-        weights = read_safetensors(model_dir)
+    config = ModelConfig.from_dir(model_dir, dtype=dtype)
+    tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
     # Generation stops at any EOS named by config.json, generation_config.json or the tokenizer.
     config = dataclasses.replace(
         config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
     )
     device = pick_device(device)
     with torch.device("meta"):
-        model = LlamaModel(config, get_ops(kernels, config.dtype, device)).to(config.dtype)
+        model = build_model(config, get_ops(kernels, config.dtype, device)).to(config.dtype)
     model = model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.embed_tokens.weight
-    load_weights(model, weights)
+    load_weights(model, read_safetensors(model_dir))
     model.init_rope()
     return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 
@@ -93,8 +85,9 @@ def read_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 @torch.no_grad()
-def load_weights(model: LlamaModel, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Copies Hugging Face-named tensors into the model, filling fused q/k/v and gate/up row ranges."""
+def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Copies Hugging Face-named tensors into the model, filling fused q/k/v and gate/up row ranges (or the whole
+    fused parameter, where the checkpoint stores it fused: Phi-3)."""
     config = model.config
     params = dict(model.named_parameters())
     expected = {name: _num_parts(name) for name in params}
@@ -110,14 +103,16 @@ def load_weights(model: LlamaModel, weights: Iterator[tuple[str, torch.Tensor]])
             fused, part = _FUSED[proj]
             name = f"{prefix}.{fused}.{leaf}"
         if name not in params:
-            raise CheckpointError(f"checkpoint tensor {hf_name!r} has no place in a {config.num_layers}-layer Llama")
+            raise CheckpointError(
+                f"checkpoint tensor {hf_name!r} has no place in a {config.num_layers}-layer {config.family} decoder"
+            )
         target = params[name] if part is None else params[name].narrow(0, *_row_range(config, name, part))
         if target.shape != tensor.shape:
             raise CheckpointError(
                 f"{hf_name}: checkpoint shape {tuple(tensor.shape)}, config implies {tuple(target.shape)}"
             )
         target.copy_(tensor)
-        loaded.setdefault(name, set()).add(part or 0)
+        loaded.setdefault(name, set()).update(range(expected[name]) if part is None else [part])
     missing = [name for name, parts in expected.items() if len(loaded.get(name, ())) != parts]
     if missing:
         raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")

@@ -18,7 +18,7 @@ from inferfleet_runtime.attention import (
     kv_cache_bytes_per_block,
 )
 from inferfleet_runtime.engine_config import EngineConfig
-from inferfleet_runtime.model import pack_linears
+from inferfleet_runtime.layers.linear import pack_linears
 from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch

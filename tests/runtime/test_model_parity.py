@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from inferfleet_runtime.kernels import native
+from inferfleet_runtime.layers.linear import can_pack_linears, pack_linears
 from inferfleet_runtime.loader import load_model
-from inferfleet_runtime.model import can_pack_linears, pack_linears
 
 from .paged_greedy import greedy_paged, hf_greedy, truncate_after_eos
 

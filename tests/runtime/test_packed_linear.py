@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferfleet_runtime.model import PackedLinear, can_pack_linears, pack_linears
+from inferfleet_runtime.layers.linear import PackedLinear, can_pack_linears, pack_linears
 
 pytestmark = pytest.mark.skipif(
     not can_pack_linears(torch.device("cpu"), torch.float32), reason="this torch has no oneDNN linear ops"

@@ -91,7 +91,7 @@ def label_kernel_ops(runner) -> None:
     """Puts each kernel op the runner's model calls inside a profiler range named after its backend and op."""
     from torch.profiler import record_function
 
-    from inferfleet_runtime.model import NativeLinear
+    from inferfleet_runtime.layers.linear import NativeLinear
 
     ops = runner.ops
 

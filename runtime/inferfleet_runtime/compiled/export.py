@@ -32,7 +32,8 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _RUNTIME = Path(__file__).parent.parent
 _TRACED_SOURCES = [
     _RUNTIME / "compiled" / "step.py",
-    _RUNTIME / "model.py",
+    *sorted((_RUNTIME / "models").glob("*.py")),
+    *sorted((_RUNTIME / "layers").glob("*.py")),
     *(_RUNTIME / "kernels" / f"{name}.py" for name in ("rms_norm", "rotary", "activation")),
 ]
 

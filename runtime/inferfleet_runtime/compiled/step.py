@@ -1,6 +1,6 @@
 """StaticStep: one decoder step of the loaded model over static per-slot KV buffers, in shapes fixed per bucket.
 
-The step runs the runtime model's own forward (model.py) with a `StaticSlotAttention` in place of the paged one:
+The step runs the runtime model's own forward (models/) with a `StaticSlotAttention` in place of the paged one:
 instead of paged blocks it reads each sequence's slot of a static buffer
 kv_cache [num_layers, 2, max_batch_size, max_context_length, Hkv, D]. The buffer is an input, never written
 inside the graph: the step returns the new tokens' K/V and the runner stores them (one indexed copy for all
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
-from inferfleet_runtime.model import LlamaModel
 
 
 class StaticSlotAttention:
@@ -68,7 +66,7 @@ class StaticSlotAttention:
 
 
 class StaticStep(nn.Module):
-    def __init__(self, model: LlamaModel, max_context_length: int):
+    def __init__(self, model: nn.Module, max_context_length: int):
         super().__init__()
         assert model.ops.backend == "reference", "export traces the torch reference ops"
         self.model = model

@@ -13,8 +13,8 @@ from torch import nn
 
 import inferfleet_runtime.kernels as kernels
 from inferfleet_runtime.kernels import REFERENCE_OPS, get_ops, native
+from inferfleet_runtime.layers.linear import NativeLinear, pack_linears
 from inferfleet_runtime.loader import load_model
-from inferfleet_runtime.model import NativeLinear, pack_linears
 
 from ..paged_greedy import greedy_paged
 from .test_paged_attention import DECODE_SEQ_LENS, VARLEN_BATCH, make_paged_batch, varlen_query
