@@ -10,7 +10,7 @@ from torch import nn
 
 from ..config import ConfigError, ModelConfig
 from ..kernels import KernelOps
-from . import llama
+from . import llama, phi3, qwen2, qwen3
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ LLAMA = Family("llama", ("LlamaForCausalLM", "MistralForCausalLM"), llama.LlamaM
 FAMILIES: dict[str, Family] = {
     "llama": LLAMA,
     "mistral": LLAMA,
+    "qwen2": Family("qwen2", ("Qwen2ForCausalLM",), llama.LlamaModel, qwen2.config_fields),
+    "qwen3": Family("qwen3", ("Qwen3ForCausalLM",), llama.LlamaModel, qwen3.config_fields),
+    "phi3": Family("phi3", ("Phi3ForCausalLM",), llama.LlamaModel, phi3.config_fields),
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 FAMILIES_BY_NAME = {family.name: family for family in FAMILIES.values()}
