@@ -13,6 +13,7 @@ from safetensors import safe_open
 
 from .config import ModelConfig
 from .device import pick_device
+from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
 from .models import build_model
 from .tokenizer import Tokenizer
@@ -46,10 +47,17 @@ def load_model(
     device: str | torch.device | None = None,
     kernels: str = "auto",
 ) -> LoadedModel:
-    """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's."""
+    """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's.
+
+    model_dir is a Hugging Face checkpoint directory, a .gguf file or a directory holding one .gguf."""
     model_dir = Path(model_dir)
-    config = ModelConfig.from_dir(model_dir, dtype=dtype)
-    tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
+    gguf_file = find_gguf(model_dir)
+    if gguf_file is not None:
+        config, tokenizer, weights = load_gguf(gguf_file, dtype)
+    else:
+        config = ModelConfig.from_dir(model_dir, dtype=dtype)
+        tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
+        weights = read_safetensors(model_dir)
     # Generation stops at any EOS named by config.json, generation_config.json or the tokenizer.
     config = dataclasses.replace(
         config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
@@ -60,7 +68,7 @@ def load_model(
     model = model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.embed_tokens.weight
-    load_weights(model, read_safetensors(model_dir))
+    load_weights(model, weights)
     model.init_rope()
     return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 
