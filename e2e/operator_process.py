@@ -52,7 +52,7 @@ class OperatorProcess:
         command = [
             sys.executable,
             "-m",
-            "inferfleet_operator.main",
+            "inferfleet_operator.controller.main",
             *scope,
             f"--health-port={self.health_port}",
             f"--metrics-port={self.metrics_port}",
@@ -191,7 +191,7 @@ def runtime_objects() -> list[dict]:
 def install(cluster, work_dir: Path) -> Path:
     """CRDs from crds/, the operator's ServiceAccount bound to a ClusterRole of exactly
     permissions.PERMISSIONS, the default runtimes; returns a kubeconfig with the account's token."""
-    from inferfleet_operator.permissions import PERMISSIONS
+    from inferfleet_operator.plan.permissions import PERMISSIONS
 
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     cluster.kubectl(
@@ -344,7 +344,7 @@ def service_manifest(
 
 def live_pools(cluster, selector: str | None = None) -> list:
     """The pools the operator will see, from the live Node objects (the planner's own grouping)."""
-    from inferfleet_operator.pools import group_pools
+    from inferfleet_operator.plan.pools import group_pools
 
     return [p for p in group_pools(cluster.items("nodes", selector=selector)) if p.node_names]
 

@@ -18,7 +18,7 @@ import uuid
 import pytest
 from helpers import ROOT, Cluster, KubectlError, wait_for
 
-from inferfleet_operator.permissions import PERMISSIONS
+from inferfleet_operator.plan.permissions import PERMISSIONS
 
 pytestmark = pytest.mark.e2e
 
@@ -354,7 +354,7 @@ def test_operator_with_the_chart_service_account_reconciles_a_service(cluster: C
             [
                 sys.executable,
                 "-m",
-                "inferfleet_operator.main",
+                "inferfleet_operator.controller.main",
                 f"--namespace={workload}",
                 f"--health-port={health}",
                 f"--metrics-port={metrics}",

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from helpers import ROOT, Cluster, wait_for
 
-from inferfleet_operator.builds import plan_build
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.plan.builds import plan_build
+from inferfleet_operator.plan.planner import plan_service
 
 pytestmark = pytest.mark.e2e
 

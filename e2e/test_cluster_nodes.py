@@ -7,8 +7,8 @@ import copy
 
 from helpers import NODES_DIR, node_manifests
 
-from inferfleet_operator.nodes import classify_node
-from inferfleet_operator.pools import group_pools
+from inferfleet_operator.plan.nodes import classify_node
+from inferfleet_operator.plan.pools import group_pools
 
 # name -> (vendor, product, architecture, gpu_count, gpu_resource, is_eligible)
 EXPECTED = {

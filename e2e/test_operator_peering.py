@@ -16,7 +16,7 @@ from operator_process import (
     service_manifest,
 )
 
-from inferfleet_operator.leadership import CHECK_SECONDS
+from inferfleet_operator.controller.leadership import CHECK_SECONDS
 
 pytestmark = pytest.mark.e2e
 

@@ -31,7 +31,7 @@ ROLE = "inferfleet-operator-e2e-routing"
 @pytest.fixture(scope="module")
 def operator(cluster, tmp_path_factory):
     """The operator with the routing RBAC (permissions.ROUTING_PERMISSIONS) on top of the base rules."""
-    from inferfleet_operator.permissions import ROUTING_PERMISSIONS
+    from inferfleet_operator.plan.permissions import ROUTING_PERMISSIONS
 
     # The first test starts without the CRD (a cluster just brought up may still refuse for a moment).
     wait_for(

@@ -113,3 +113,39 @@ def test_imports_resolve_relative_and_lazy_imports(tmp_path):
     assert graph["pkg.sub.leaf"] == {"pkg.top"}
     assert graph["pkg.top"] == {"pkg.sub.leaf"}
     assert cycles(graph) == [["pkg.sub.leaf", "pkg.top"]]
+
+
+# The operator's layers, lowest first: a module may import its own layer and the layers below it, never one above.
+OPERATOR_LAYERS = ("api", "plan", "kube", "controller")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    def rank(module: str) -> int | None:
+        parts = module.split(".")
+        return OPERATOR_LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in OPERATOR_LAYERS else None
+
+    found = []
+    for module, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            if rank(module) is not None and rank(target) is not None and rank(target) > rank(module):
+                found.append(f"{module} imports {target} (layer {OPERATOR_LAYERS[rank(target)]} is above it)")
+    return found
+
+
+def test_every_operator_module_lives_in_a_layer():
+    loose = [m for m in module_files("inferfleet_operator") if m != "inferfleet_operator" and m.count(".") < 2]
+    assert [m for m in loose if m.split(".")[1] not in OPERATOR_LAYERS] == []
+
+
+def test_operator_layers_import_only_downwards():
+    assert layer_violations(import_graph("inferfleet_operator")) == []
+
+
+def test_layer_check_sees_an_upward_import():
+    graph = {
+        "inferfleet_operator.plan.planner": {"inferfleet_operator.api.types", "inferfleet_operator.controller.cache"},
+        "inferfleet_operator.controller.cache": {"inferfleet_operator.plan.planner"},
+    }
+    assert layer_violations(graph) == [
+        "inferfleet_operator.plan.planner imports inferfleet_operator.controller.cache (layer controller is above it)"
+    ]

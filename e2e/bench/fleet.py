@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from helpers import node_manifests
 
-from inferfleet_operator.planner import cluster_view, plan_service_in
+from inferfleet_operator.plan.planner import cluster_view, plan_service_in
 
 BENCH_LABEL = "inferfleet.dev/scale-bench"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

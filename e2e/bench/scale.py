@@ -49,8 +49,8 @@ from fleet import BENCH_LABEL, FLOOR_MANAGER, MANAGED_BY_LABEL, floor_children, 
 from helpers import CLUSTER_DIR, Cluster, cluster_bin, is_true, wait_for  # noqa: E402
 from operator_process import OperatorProcess, install, runtime_objects  # noqa: E402
 
-from inferfleet_operator.credentials import Credentials  # noqa: E402
-from inferfleet_operator.kube import resource_path  # noqa: E402
+from inferfleet_operator.kube.client import resource_path  # noqa: E402
+from inferfleet_operator.kube.credentials import Credentials  # noqa: E402
 
 USER_AGENT = "inferfleet-scale-bench"
 

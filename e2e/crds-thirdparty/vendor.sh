@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Refreshes the vendored Gateway API Inference Extension InferencePool CRD from the Go module proxy.
-# The version is pinned here and in operator/inferfleet_operator/routing.py (the API version it writes).
+# The version is pinned here and in operator/inferfleet_operator/plan/routing.py (the API version it writes).
 set -euo pipefail
 VERSION="${1:-v1.6.0}"
 here="$(cd "$(dirname "$0")" && pwd)"

@@ -39,7 +39,7 @@ COPY --from=deps /opt/inferfleet /opt/inferfleet
 COPY --from=wheel /wheels /wheels
 ENV PATH=/opt/inferfleet/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN pip install -q --no-cache-dir --no-deps --no-index /wheels/*.whl && rm -rf /wheels \
- && python -c "import inferfleet_operator.main" && ! python -c "import torch" 2>/dev/null
+ && python -c "import inferfleet_operator.controller.main" && ! python -c "import torch" 2>/dev/null
 # Last step that needs a shell: remove them, so nothing at run time can depend on one.
 RUN rm -f /usr/bin/sh /usr/bin/dash /usr/bin/bash /usr/bin/rbash /bin/sh /bin/dash /bin/bash
 USER 65532:65532

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from inferfleet_operator.api import PlanSettings
-from inferfleet_operator.manifests import COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER
+from inferfleet_operator.api.types import PlanSettings
+from inferfleet_operator.plan.manifests import COMPONENT_LABEL, MANAGED_BY_LABEL, MANAGER
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "inferfleet"
 NAMESPACE = "inferfleet-system"  # the namespace and release name the `render` fixture uses

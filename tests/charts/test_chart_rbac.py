@@ -1,4 +1,4 @@
-"""The chart's RBAC grants exactly inferfleet_operator.permissions.PERMISSIONS, cluster-wide or per namespace."""
+"""The chart's RBAC grants exactly inferfleet_operator.plan.permissions.PERMISSIONS, cluster-wide or per namespace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from inferfleet_operator.permissions import PERMISSIONS, ROUTING_PERMISSIONS
+from inferfleet_operator.plan.permissions import PERMISSIONS, ROUTING_PERMISSIONS
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "inferfleet"
 NAMESPACE = "inferfleet-system"

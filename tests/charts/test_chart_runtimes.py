@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from inferfleet_operator.api import parse_runtime
+from inferfleet_operator.api.types import parse_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_VERSION = yaml.safe_load((ROOT / "charts" / "inferfleet" / "Chart.yaml").read_text())["appVersion"]
@@ -96,7 +96,7 @@ def test_new_silicon_is_one_more_entry(render):
 def test_default_runtimes_serve_intel_nodes_of_either_driver_with_the_resource_they_advertise(render):
     from datetime import datetime
 
-    from inferfleet_operator.planner import plan_service
+    from inferfleet_operator.plan.planner import plan_service
 
     runtimes = list(_runtimes(render()).values())
     service = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from inferfleet_operator.kube import Reply
+from inferfleet_operator.kube.client import Reply
 
 
 class HttpxTransport:

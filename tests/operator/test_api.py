@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from planning_data import service
 
-from inferfleet_operator.api import (
+from inferfleet_operator.api.types import (
     EngineEnvelope,
     SpecError,
     from_dict,

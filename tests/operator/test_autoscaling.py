@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from inferfleet_operator import autoscaling as a
-from inferfleet_operator.api import AutoscalingSpec
-from inferfleet_operator.autoscaling import History, PodMetrics, PoolLoad
+from inferfleet_operator.api.types import AutoscalingSpec
+from inferfleet_operator.plan import autoscaling as a
+from inferfleet_operator.plan.autoscaling import History, PodMetrics, PoolLoad
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 WAITING = AutoscalingSpec(

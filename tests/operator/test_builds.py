@@ -8,9 +8,9 @@ from datetime import timedelta
 from crd_eval import load_schema, schema_errors
 from planning_data import NOW
 
-from inferfleet_operator.api import PlanSettings
-from inferfleet_operator.builds import backoff_seconds, plan_build, plan_gc
-from inferfleet_operator.names import UNREFERENCED_ANNOTATION
+from inferfleet_operator.api.names import UNREFERENCED_ANNOTATION
+from inferfleet_operator.api.types import PlanSettings
+from inferfleet_operator.plan.builds import backoff_seconds, plan_build, plan_gc
 
 KEY = "0123456789abcdef"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from planning_data import RUNTIMES, h100
 
-from inferfleet_operator import cache as c
-from inferfleet_operator.cache import ReadCache
+from inferfleet_operator.controller import cache as c
+from inferfleet_operator.controller.cache import ReadCache
 
 
 def deployment(rv: int) -> dict:

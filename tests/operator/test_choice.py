@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from planning_data import RUNTIMES, cpu, h100, mi300x, node, runtime, service
 
-from inferfleet_operator.api import parse_runtime, parse_service
-from inferfleet_operator.choice import Excluded, PoolChoice, choose_for_pool, choose_runtimes
-from inferfleet_operator.pools import group_pools
+from inferfleet_operator.api.types import parse_runtime, parse_service
+from inferfleet_operator.plan.choice import Excluded, PoolChoice, choose_for_pool, choose_runtimes
+from inferfleet_operator.plan.pools import group_pools
 
 POOLS = {p.vendor: p for p in group_pools([h100("h1"), mi300x("m1"), cpu("c1")])}
 PARSED = [parse_runtime(r) for r in RUNTIMES]

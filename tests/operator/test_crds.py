@@ -10,7 +10,8 @@ import yaml
 from crd_cases import CASES
 from crd_eval import CRDS, admit, compile_all, load_schema
 
-from inferfleet_operator import api, crdgen
+from inferfleet_operator.api import crdgen
+from inferfleet_operator.api import types as api
 
 VALID = {
     "apiVersion": "inferfleet.dev/v1alpha1",
@@ -34,7 +35,7 @@ def svc(**spec_changes) -> dict:
 @pytest.mark.parametrize("file_name", sorted(crdgen.FILES))
 def test_committed_crd_yaml_is_what_crdgen_generates(file_name):
     assert (CRDS / file_name).read_text() == crdgen.render(crdgen.FILES[file_name]), (
-        "run: python -m inferfleet_operator.crdgen crds/"
+        "run: python -m inferfleet_operator.api.crdgen crds/"
     )
 
 
@@ -269,7 +270,7 @@ def test_documented_example_service_is_admitted_and_plans():
 
     from planning_data import NOW, RUNTIMES, h100, mi300x
 
-    from inferfleet_operator.planner import plan_service
+    from inferfleet_operator.plan.planner import plan_service
 
     page = (CRDS.parent / "docs" / "user-guide" / "resources.md").read_text()
     section = page.split("## InferenceService", 1)[1]

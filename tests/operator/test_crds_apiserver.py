@@ -16,7 +16,7 @@ from crd_cases import CASES
 from crd_eval import CRDS
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x
 
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.plan.planner import plan_service
 
 BIN = Path(os.environ.get("INFERFLEET_CLUSTER_BIN", ""))
 HAVE_BINARIES = bool(os.environ.get("INFERFLEET_CLUSTER_BIN")) and all(

@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 import yaml
 
-from inferfleet_operator.credentials import Credentials, CredentialsError
-from inferfleet_operator.kube import Kube
+from inferfleet_operator.kube.client import Kube
+from inferfleet_operator.kube.credentials import Credentials, CredentialsError
 
 SERVER_NAME = "api.inferfleet.test"
 NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}

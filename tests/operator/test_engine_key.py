@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inferfleet_operator.api import EngineEnvelope
-from inferfleet_operator.engine_key import KEY_LENGTH, engine_key
+from inferfleet_operator.api.types import EngineEnvelope
+from inferfleet_operator.plan.engine_key import KEY_LENGTH, engine_key
 
 ARGS = ("hf://org/model", "main", {}, "sm90", "compile=c:1;serve=r:1")
 

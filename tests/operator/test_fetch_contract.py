@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from planning_data import NOW, RUNTIMES, h100, service
 
-from inferfleet_operator.builds import plan_build
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.plan.builds import plan_build
+from inferfleet_operator.plan.planner import plan_service
 
 from ..runtime.hub_standin import COMMIT, HubStandIn
 from ..runtime.s3_standin import REGION, S3StandIn

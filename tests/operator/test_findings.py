@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from planning_data import NOW
 
-from inferfleet_operator import conditions as c
-from inferfleet_operator.findings import (
+from inferfleet_operator.api import conditions as c
+from inferfleet_operator.api.names import POOL_LABEL
+from inferfleet_operator.plan.findings import (
     apply_finding,
     degraded_status,
     grouped,
@@ -16,7 +17,6 @@ from inferfleet_operator.findings import (
     pod_view,
     summary,
 )
-from inferfleet_operator.names import POOL_LABEL
 
 SCHEDULER_XE = (
     "0/3 nodes are available: 1 Insufficient gpu.intel.com/xe, 2 node(s) didn't match Pod's node "
@@ -198,7 +198,7 @@ def test_degraded_status_keeps_a_build_failure_after_the_findings():
 
 
 def test_replicas_failing_alike_are_one_finding_naming_each_pod():
-    from inferfleet_operator.findings import pods_findings
+    from inferfleet_operator.plan.findings import pods_findings
 
     found = pods_findings(
         [
@@ -212,7 +212,7 @@ def test_replicas_failing_alike_are_one_finding_naming_each_pod():
 
 
 def test_a_build_still_to_run_without_the_engine_cache_claim_is_claim_not_found():
-    from inferfleet_operator.findings import missing_cache_claim
+    from inferfleet_operator.plan.findings import missing_cache_claim
 
     pools = [
         {"name": "nvidia-h100", "engineBuild": "k1", "buildState": "Pending"},
@@ -225,7 +225,7 @@ def test_a_build_still_to_run_without_the_engine_cache_claim_is_claim_not_found(
 
 
 def test_what_a_pools_build_reports_reaches_the_service():
-    from inferfleet_operator.findings import build_findings
+    from inferfleet_operator.plan.findings import build_findings
 
     def build(reason):
         return {

@@ -10,10 +10,11 @@ import re
 import httpx
 from fake_transport import HttpxTransport
 
-from inferfleet_operator import cache, handlers, names, reconcile
-from inferfleet_operator.kube import Kube
-from inferfleet_operator.metrics import Metrics
-from inferfleet_operator.settings import OperatorConfig
+from inferfleet_operator.api import names
+from inferfleet_operator.controller import cache, handlers, reconcile
+from inferfleet_operator.controller.metrics import Metrics
+from inferfleet_operator.controller.settings import OperatorConfig
+from inferfleet_operator.kube.client import Kube
 
 NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
 PLURAL_KINDS = {

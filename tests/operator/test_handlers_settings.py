@@ -5,9 +5,9 @@ import inspect
 import kopf
 import pytest
 
-from inferfleet_operator import handlers
-from inferfleet_operator.handlers import apply_settings, node_view, register
-from inferfleet_operator.settings import parse_args
+from inferfleet_operator.controller import handlers
+from inferfleet_operator.controller.handlers import apply_settings, node_view, register
+from inferfleet_operator.controller.settings import parse_args
 
 
 def test_defaults_watch_every_namespace_without_peering():

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from inferfleet_operator.workqueue import WorkQueue
+from inferfleet_operator.controller.workqueue import WorkQueue
 
 
 class Requeue(Exception):
@@ -177,7 +177,7 @@ def test_fast_keys_take_the_next_free_slot_ahead_of_a_backlog_and_concurrency_ho
 def test_only_a_change_in_a_deployments_ready_replicas_asks_for_the_fast_lane():
     from types import SimpleNamespace
 
-    from inferfleet_operator.handlers import _readiness_changed
+    from inferfleet_operator.controller.handlers import _readiness_changed
 
     memo = SimpleNamespace(ready_replicas={})
 
@@ -196,7 +196,7 @@ def test_only_a_change_in_a_deployments_ready_replicas_asks_for_the_fast_lane():
 def test_a_child_event_counts_as_a_change_only_when_its_metadata_or_spec_moved():
     from types import SimpleNamespace
 
-    from inferfleet_operator.handlers import _content_changed
+    from inferfleet_operator.controller.handlers import _content_changed
 
     memo = SimpleNamespace(child_contents={})
 

@@ -7,7 +7,8 @@ import httpx
 import pytest
 from fake_transport import HttpxTransport
 
-from inferfleet_operator import diff, kube
+from inferfleet_operator.kube import client as kube
+from inferfleet_operator.kube import diff
 
 
 def _client(handler):

@@ -3,9 +3,9 @@
 import asyncio
 import datetime
 
-from inferfleet_operator.kube import ApiError
-from inferfleet_operator.leadership import CHECK_SECONDS, Leadership, is_paused
-from inferfleet_operator.settings import parse_args
+from inferfleet_operator.controller.leadership import CHECK_SECONDS, Leadership, is_paused
+from inferfleet_operator.controller.settings import parse_args
+from inferfleet_operator.kube.client import ApiError
 
 NOW = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)
 

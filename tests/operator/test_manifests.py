@@ -10,10 +10,10 @@ import pytest
 import yaml
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, node, service, with_state
 
-from inferfleet_operator import manifests as m
-from inferfleet_operator import names
-from inferfleet_operator.builds import plan_build
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.api import names
+from inferfleet_operator.plan import manifests as m
+from inferfleet_operator.plan.builds import plan_build
+from inferfleet_operator.plan.planner import plan_service
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("INFERFLEET_UPDATE_GOLDEN") == "1"

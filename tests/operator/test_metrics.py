@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from inferfleet_operator.metrics import Metrics
+from inferfleet_operator.controller.metrics import Metrics
 
 
 def _service(status: str, reason: str) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from planning_data import fixture_node, node
 
-from inferfleet_operator.nodes import classify_node
+from inferfleet_operator.plan.nodes import classify_node
 
 # fixture -> (vendor, product, architecture, gpu_count, gpu_resource, eligible, reason prefix)
 EXPECTED = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from planning_data import NOW, RUNTIMES, h100, service
 
-from inferfleet_operator.builds import plan_build
-from inferfleet_operator.permissions import PERMISSIONS
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.plan.builds import plan_build
+from inferfleet_operator.plan.permissions import PERMISSIONS
+from inferfleet_operator.plan.planner import plan_service
 
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 PLURALS = {"Deployment": ("apps", "deployments"), "Service": ("", "services"), "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
@@ -52,10 +52,10 @@ def test_pods_and_claims_are_only_read_and_secrets_never():
 
 
 def test_inference_pools_are_granted_only_by_the_routing_rules_and_pods_can_be_listed_for_autoscaling():
-    from inferfleet_operator.api import DEFAULT_SETTINGS, parse_service
-    from inferfleet_operator.names import POOL_GROUP
-    from inferfleet_operator.permissions import ROUTING_PERMISSIONS
-    from inferfleet_operator.routing import inference_pool_for
+    from inferfleet_operator.api.names import POOL_GROUP
+    from inferfleet_operator.api.types import DEFAULT_SETTINGS, parse_service
+    from inferfleet_operator.plan.permissions import ROUTING_PERMISSIONS
+    from inferfleet_operator.plan.routing import inference_pool_for
 
     pool = inference_pool_for(parse_service(service()), DEFAULT_SETTINGS)
     assert pool["apiVersion"].split("/")[0] == POOL_GROUP

@@ -8,7 +8,7 @@ import pytest
 from crd_eval import load_schema, schema_errors
 from planning_data import NOW, RUNTIMES, cpu, h100, intel_max, mi300x, runtime, service, with_state
 
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.plan.planner import plan_service
 
 NV = "nvidia-h100-80gb-hbm3"
 ONE_H100_TEN_CPUS = [h100("h1", gpus=8)] + [cpu(f"c{i}", cores=32) for i in range(10)]

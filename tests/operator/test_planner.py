@@ -8,9 +8,9 @@ import pytest
 from crd_eval import admit, load_schema, schema_errors
 from planning_data import NOW, RUNTIMES, cpu, deployment_as_read, h100, mi300x, service, with_state
 
-from inferfleet_operator.api import PlanSettings, SpecError
-from inferfleet_operator.names import ENGINE_KEY_ANNOTATION
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.api.names import ENGINE_KEY_ANNOTATION
+from inferfleet_operator.api.types import PlanSettings, SpecError
+from inferfleet_operator.plan.planner import plan_service
 
 NODES = [h100("h1"), h100("h2"), mi300x("m1"), cpu("c1")]
 NV = "llama-nvidia-h100-80gb-hbm3"

@@ -26,8 +26,8 @@ import httpx
 import pytest
 from planning_data import NOW, RUNTIMES, cpu, h100, service, with_state
 
-from inferfleet_operator.builds import plan_build
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.plan.builds import plan_build
+from inferfleet_operator.plan.planner import plan_service
 
 SERVED_NAME = "inferfleet-demo"
 READY_SECONDS = 120

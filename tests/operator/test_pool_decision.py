@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferfleet_operator import conditions as c
-from inferfleet_operator.pool_decision import decide_pool
+from inferfleet_operator.api import conditions as c
+from inferfleet_operator.plan.pool_decision import decide_pool
 
 # A compiled pool with 2 replicas whose engine "new" is building, no previous engine, fallback and bridge on.
 BASE = dict(

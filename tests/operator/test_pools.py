@@ -7,7 +7,7 @@ import re
 
 from planning_data import cpu, h100, mi300x, node
 
-from inferfleet_operator.pools import MAX_POOL_NAME, group_pools, pool_name
+from inferfleet_operator.plan.pools import MAX_POOL_NAME, group_pools, pool_name
 
 
 def test_nodes_group_by_vendor_and_product_sorted_by_name():

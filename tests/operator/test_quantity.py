@@ -6,7 +6,7 @@ import decimal
 
 import pytest
 
-from inferfleet_operator.quantity import parse_quantity, to_int, to_millis
+from inferfleet_operator.api.quantity import parse_quantity, to_int, to_millis
 
 
 @pytest.mark.parametrize(

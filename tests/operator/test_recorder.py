@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from inferfleet_operator.conditions import normal, warning
-from inferfleet_operator.kube import ApiError
-from inferfleet_operator.recorder import EventRecorder
+from inferfleet_operator.api.conditions import normal, warning
+from inferfleet_operator.controller.recorder import EventRecorder
+from inferfleet_operator.kube.client import ApiError
 
 SERVICE = {"kind": "InferenceService", "metadata": {"name": "llama", "namespace": "ns", "uid": "u1"}}
 

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from planning_data import cpu, h100
 
-from inferfleet_operator.pools import group_pools
-from inferfleet_operator.replicas import distribute, pool_capacity
+from inferfleet_operator.plan.pools import group_pools
+from inferfleet_operator.plan.replicas import distribute, pool_capacity
 
 
 def test_replicas_split_in_proportion_to_capacity():

@@ -9,9 +9,10 @@ import pytest
 import yaml
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, service
 
-from inferfleet_operator import names, routing
-from inferfleet_operator.api import DEFAULT_SETTINGS, PlanSettings, parse_service
-from inferfleet_operator.planner import plan_service
+from inferfleet_operator.api import names
+from inferfleet_operator.api.types import DEFAULT_SETTINGS, PlanSettings, parse_service
+from inferfleet_operator.plan import routing
+from inferfleet_operator.plan.planner import plan_service
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "routing"
 UPDATE = os.environ.get("INFERFLEET_UPDATE_GOLDEN") == "1"

@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 
-from inferfleet_operator.autoscaling import PodMetrics
-from inferfleet_operator.scrape import parse_metrics, pod_url, scrape_pods
+from inferfleet_operator.controller.scrape import parse_metrics, pod_url, scrape_pods
+from inferfleet_operator.plan.autoscaling import PodMetrics
 from inferfleet_runtime.metrics import ServerMetrics
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from inferfleet_operator.settings import OperatorConfig, build_parser, parse_args
+from inferfleet_operator.controller.settings import OperatorConfig, build_parser, parse_args
 
 FIELDS = {f.name: f.default for f in dataclasses.fields(OperatorConfig)}
 ACTIONS = {a.dest: a for a in build_parser()._actions if a.dest in FIELDS}

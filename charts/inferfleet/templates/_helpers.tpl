@@ -117,7 +117,7 @@ on these go to the ClusterRole and every other rule goes to a Role in each watch
 {{- end -}}
 
 {{/*
-Every RBAC rule the operator needs: inferfleet_operator.permissions.PERMISSIONS, read from
+Every RBAC rule the operator needs: inferfleet_operator.plan.permissions.PERMISSIONS, read from
 files/rbac/permissions.yaml (a copy kept equal by tests/charts). It already holds kopf's
 peering kinds, used when several pods elect a leader.
 */}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from inferfleet_operator.api import EngineBuildSpec, EngineEnvelope, PlanSettings
-from inferfleet_operator.manifests import compile_job_for
+from inferfleet_operator.api.types import EngineBuildSpec, EngineEnvelope, PlanSettings
+from inferfleet_operator.plan.manifests import compile_job_for
 from inferfleet_runtime.cli import main
 
 from .test_compile_cli import _stand_in_backend

@@ -1,0 +1,1 @@
+"""The running operator: kopf handlers, reconciles, work queue, leadership, Events, metrics, caches."""

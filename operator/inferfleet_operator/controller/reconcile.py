@@ -1,0 +1,373 @@
+"""The two reconciles (InferenceService, EngineBuild): read indexed state, call the planners, apply."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from inferfleet_operator.api import conditions as c
+from inferfleet_operator.api import types as api
+from inferfleet_operator.api.conditions import warning
+from inferfleet_operator.api.names import (
+    API_VERSION,
+    BUILD_KIND,
+    KINDS,
+    POOL_LABEL,
+    SERVICE_KIND,
+    UNREFERENCED_ANNOTATION,
+)
+from inferfleet_operator.controller import reconcile_autoscaling, reconcile_routing
+from inferfleet_operator.controller.cache import (
+    BUILDS,
+    CHILD_INDEXES,
+    DEPLOYMENTS,
+    JOBS,
+    PODS,
+    SERVICE_PODS,
+    SERVICES,
+    ReadCache,
+)
+from inferfleet_operator.controller.metrics import Metrics
+from inferfleet_operator.controller.recorder import EventRecorder, object_ref
+from inferfleet_operator.controller.settings import OperatorConfig
+from inferfleet_operator.kube.client import ApiError, Kube
+from inferfleet_operator.kube.diff import is_subset, needs_apply, with_applied_hash
+from inferfleet_operator.plan import builds, findings, planner
+from inferfleet_operator.plan.service_status import pool_events
+
+logger = logging.getLogger("inferfleet_operator")
+
+
+def _same(left: Any, right: Any) -> bool:
+    """Equal up to what the API server normalises (empty values, quantity spelling)."""
+    return is_subset(left, right) and is_subset(right, left)
+
+
+@dataclasses.dataclass
+class Context:
+    """What every reconcile needs; one per operator process, kept in kopf's memo. Reads go through `cache`,
+    Events through `events`, writes through `apply` (or `kube`, remembered in the cache)."""
+
+    kube: Kube
+    config: OperatorConfig
+    metrics: Metrics
+    cache: ReadCache
+    clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
+    events: EventRecorder = dataclasses.field(init=False)
+    # Autoscaling and routing: the client that reads pods' /metrics, each autoscaled service's
+    # recommendation history, and whether the InferencePool CRD was served when last asked.
+    scraper: Any = None
+    scaling: dict = dataclasses.field(default_factory=dict)
+    pool_served: tuple[float, bool] | None = None
+    # Under --peering: leadership.Leadership, asked before each reconcile (None: always active).
+    leadership: Any = None
+
+    def __post_init__(self) -> None:
+        self.events = EventRecorder(self.kube)
+
+    @property
+    def plan_settings(self) -> api.PlanSettings:
+        return self.config.plan_settings()
+
+    async def apply(self, desired: dict, live: dict | None, *, force: bool = True) -> bool:
+        """Applies `desired` unless the live object already matches; True when it wrote."""
+        if not needs_apply(desired, live):
+            return False
+        result = await self.kube.apply(with_applied_hash(desired), force=force)
+        self.cache.remember(result)
+        logger.info("%s %s %s", "Created" if live is None else "Updated", desired["kind"], object_ref(desired))
+        return True
+
+
+# ------------------------------------------------------------------------- InferenceService
+
+
+async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | None:
+    """Makes one InferenceService's builds, children and status match its plan."""
+    cache = ctx.cache
+    indexed = next(iter(cache.values(SERVICES, (namespace, name))), None)
+    service = cache.fresher(SERVICE_KIND, indexed, namespace, name)
+    if service is None or service["metadata"].get("deletionTimestamp"):
+        ctx.scaling.pop((namespace, name), None)  # its autoscaling history goes with it
+        return None  # children go with their owner (ownerReferences); builds by reference GC
+    builds_by_key = {b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b for b in _builds(ctx, namespace)}
+    deployments = {d["metadata"]["name"]: d for d in cache.values(DEPLOYMENTS, (namespace, name))}
+    try:
+        plan = planner.plan_service_in(
+            cache.cluster_view(), service, builds_by_key, deployments, ctx.clock(), ctx.plan_settings
+        )
+        scaled = await reconcile_autoscaling.autoscale(ctx, service, plan.status, plan.capacities, ctx.clock())
+        if scaled is not None:  # re-planned with the autoscaler's replicas per pool
+            plan = planner.plan_service_in(
+                cache.cluster_view(),
+                service,
+                builds_by_key,
+                deployments,
+                ctx.clock(),
+                ctx.plan_settings,
+                scaled.replicas,
+            )
+            plan.status["autoscaling"] = scaled.status
+            plan.events += scaled.events
+            plan.requeue_after = min(plan.requeue_after or float("inf"), ctx.config.autoscale_seconds)
+        routed = await reconcile_routing.plan(ctx, service, plan.status)
+    except api.SpecError as error:
+        logger.warning("Refused InferenceService %s/%s: %s", namespace, name, error)
+        await ctx.events.post(service, [warning("InvalidSpec", str(error))], "Plan")
+        return None
+
+    owner = (SERVICE_KIND, namespace, name)
+    planned = {(d["kind"], d["metadata"]["name"]) for d in plan.engine_builds + plan.children}
+    # A refusal of an object the plan no longer has (the user changed the spec) is over.
+    refused = {k: v for k, v in cache.refused.get(owner, {}).items() if k[:2] in planned}
+    failures: list[ApiError] = []
+
+    async def apply_child(desired: dict, live: dict | None, pool: str = "") -> int:
+        key = (desired["kind"], desired["metadata"]["name"], pool)
+        try:
+            # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
+            # by another manager, and only a forced apply takes them back.
+            written = await ctx.apply(desired, live)
+        except ApiError as error:
+            if is_namespace_terminating(error):
+                raise  # nothing more can be created there; the service goes with its namespace
+            # One refused child must not hold back the others; the reconcile fails at the end.
+            logger.error("Failed to apply %s %s/%s: %s", key[0], namespace, key[1], error)
+            failures.append(error)
+            if not error.is_retryable:  # the user must change something: say what in status
+                refused[key] = error.message
+            return 0
+        refused.pop(key, None)
+        return written
+
+    num_changes = 0
+    live_builds = {b["metadata"]["name"]: b for b in _builds(ctx, namespace)}
+    for desired in plan.engine_builds:
+        build_name = desired["metadata"]["name"]
+        num_changes += await apply_child(
+            desired, cache.fresher(BUILD_KIND, live_builds.get(build_name), namespace, build_name)
+        )
+
+    # The status write, the children's applies and the InferencePool's go out side by side, after the
+    # builds: the status is computed from what was read, not from what the applies return, and it is
+    # what records this service's references to its builds (a build reconcile that runs meanwhile must
+    # not see them unreferenced), so it may not go before them, and nothing orders it against the
+    # children. One after the other, a first rollout held its work-queue slot for one round trip per
+    # write (4–5 in a row). Refused writes of earlier reconciles are in the status, so a retry that is
+    # refused alike writes no status.
+    status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+    is_changed = not _same(status, service.get("status") or {})
+    # The Events go out beside the writes: they are a person's record, never an input of a write, and
+    # posting them after the writes held the reconcile's slot one more round trip per Event (at 200
+    # nodes × 100 services, Events were two fifths of the operator's requests). A write that fails is
+    # retried with the same Events, which are not posted again.
+    posting = asyncio.ensure_future(ctx.events.post(service, _to_post(events, num_changes + is_changed), "Reconcile"))
+
+    async def write_status() -> int:
+        if not is_changed:
+            return 0
+        cache.remember(await ctx.kube.apply_status(service, status))
+        return 1
+
+    async def apply_routing() -> int:
+        try:
+            return await reconcile_routing.apply(ctx, service, routed)
+        except ApiError as error:
+            logger.error("Failed to apply InferencePool %s/%s: %s", namespace, name, error)
+            failures.append(error)
+            return 0
+
+    async def delete_child(kind: str, meta: dict) -> int:
+        if await ctx.kube.delete(KINDS[kind].api_version, kind, namespace, meta["name"], uid=meta.get("uid")):
+            logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
+            return 1
+        return 0
+
+    try:
+        desired_names: dict[str, set[str]] = {kind: set() for kind in CHILD_INDEXES}
+        writes = [write_status(), apply_routing()]
+        for desired in plan.children:
+            kind, child_name = desired["kind"], desired["metadata"]["name"]
+            desired_names.setdefault(kind, set()).add(child_name)
+            index = CHILD_INDEXES.get(kind)
+            live = _find(cache.values(index, (namespace, name)), child_name) if index else None
+            pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
+            writes.append(apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool))
+        num_changes += await _all(writes)
+
+        # Children no longer planned are deleted once the planned ones are applied.
+        stale = [
+            (kind, child["metadata"])
+            for kind, index in CHILD_INDEXES.items()
+            for child in cache.values(index, (namespace, name))
+            if child["metadata"]["name"] not in desired_names[kind] and not child["metadata"].get("deletionTimestamp")
+        ]
+        num_changes += await _all([delete_child(kind, meta) for kind, meta in stale])
+
+        if refused != cache.refused.get(owner, {}):  # a write newly refused, or one that now went through
+            if refused:
+                cache.refused[owner] = refused
+            else:
+                cache.refused.pop(owner, None)
+            written = cache.fresher(SERVICE_KIND, indexed, namespace, name) or service
+            status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+            if not _same(status, written.get("status") or {}):
+                cache.remember(await ctx.kube.apply_status(service, status))
+                num_changes += 1
+    finally:
+        await posting
+    # What a refused write added (posted Events are remembered, so none goes out twice).
+    await ctx.events.post(service, _to_post(events, num_changes), "Reconcile")
+    if failures:
+        raise failures[0]  # retried by the work queue after its error delay (a backoff)
+    return plan.requeue_after
+
+
+async def _all(writes: list) -> int:
+    """Runs the writes side by side and sums what they wrote. Every write finishes before the first
+    exception (if any) is raised, so none is left running when the reconcile ends."""
+    results = await asyncio.gather(*writes, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return sum(results)
+
+
+def _to_post(events: list, num_changes: int) -> list:
+    """Findings are posted whether or not anything was written: a pod can start failing while every
+    object stays as planned. The plan's other Events tell of a change, so only when one was written."""
+    return events if num_changes else [e for e in events if e.reason in findings.ORDER]
+
+
+def _with_findings(
+    ctx: Context,
+    service: dict,
+    plan: planner.ServicePlan,
+    refused: Mapping[tuple[str, str, str], str],
+    builds_by_key: Mapping[str, dict],
+) -> tuple[dict, list]:
+    """The plan's status and Events with the failures a user must act on: refused writes, missing
+    claims, what the service's pods report (unschedulable, model fetch failing) and what its
+    builds report (compile pods that cannot run, a deadline exceeded)."""
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    found = [
+        findings.apply_finding(kind, child, message, pool) for (kind, child, pool), message in sorted(refused.items())
+    ]
+    found += findings.build_findings(plan.status.get("pools") or [], builds_by_key)
+    claims = ctx.cache.claims(namespace)
+    if claims is not None:
+        deployments = [d for d in plan.children if d["kind"] == "Deployment"]
+        found += findings.missing_claims(deployments, claims, POOL_LABEL)
+        found += findings.missing_cache_claim(
+            plan.status.get("pools") or [], claims, ctx.plan_settings.engine_cache_claim, namespace
+        )
+    if SERVICE_PODS in ctx.cache.indices:
+        found += findings.pods_findings(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
+    if not found:
+        return plan.status, plan.events
+    previous = service.get("status") or {}
+    status = findings.degraded_status(
+        plan.status,
+        found,
+        c.by_type(previous.get("conditions")),
+        ctx.clock(),
+        int(service["metadata"].get("generation") or 0),
+    )
+    # The planner's Events, against the status with the findings; the Degraded flip is said by the
+    # findings' own Warnings (one per reason).
+    events = [e for e in pool_events(previous, status) if not (e.type == "Warning" and e.reason in findings.ORDER)]
+    events += [warning(reason, message) for reason, message in findings.grouped(found)]
+    return status, events
+
+
+def is_namespace_terminating(error: BaseException) -> bool:
+    return getattr(error, "status", None) == 403 and "being terminated" in str(error)
+
+
+def _builds(ctx: Context, namespace: str) -> list[dict]:
+    return ctx.cache.values(BUILDS, namespace)
+
+
+def _find(objects: Iterable[dict], name: str) -> dict | None:
+    return next((o for o in objects if o["metadata"]["name"] == name), None)
+
+
+# ------------------------------------------------------------------------- EngineBuild
+
+
+async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | None:
+    """Drives one EngineBuild: a Job per attempt, its status, and deletion once unreferenced."""
+    cache = ctx.cache
+    indexed = _find(_builds(ctx, namespace), name)
+    build = cache.fresher(BUILD_KIND, indexed, namespace, name)
+    if build is None or build["metadata"].get("deletionTimestamp"):
+        return None
+    now = ctx.clock()
+    jobs = cache.values(JOBS, (namespace, name))
+    owner = (BUILD_KIND, namespace, name)
+    refused = cache.refused.get(owner, {}).get(("Job", "", ""))
+
+    def plan_with(apply_error: str | None) -> builds.BuildPlan:
+        return builds.plan_build(
+            build,
+            jobs,
+            now,
+            ctx.plan_settings,
+            cache.values(PODS, (namespace, name)),
+            claims=cache.claims(namespace),
+            apply_error=apply_error,
+        )
+
+    plan = plan_with(refused)
+    num_changes = 0
+    failure: ApiError | None = None
+    if plan.job is not None:
+        job_name = plan.job["metadata"]["name"]
+        live_job = cache.fresher("Job", _find(jobs, job_name), namespace, job_name)
+        if live_job is None:
+            # Not forced, and never re-applied: a Job's template is immutable, and one attempt
+            # must map to exactly one Job even across operator restarts.
+            try:
+                num_changes += await ctx.apply(plan.job, None, force=False)
+                now_refused = None
+            except ApiError as error:
+                if is_namespace_terminating(error) or error.is_retryable:
+                    raise
+                logger.error("Failed to create Job %s/%s: %s", namespace, job_name, error)
+                failure, now_refused = error, error.message
+            if now_refused != refused:  # newly refused, or created after a refusal: say so
+                if now_refused:
+                    cache.refused[owner] = {("Job", "", ""): now_refused}
+                else:
+                    cache.forget(*owner)
+                plan = plan_with(now_refused)
+
+    if not _same(plan.status, build.get("status") or {}):
+        cache.remember(await ctx.kube.apply_status(build, plan.status))
+        num_changes += 1
+    if num_changes or failure is not None:
+        await ctx.events.post(build, plan.events, "Build")
+    if failure is not None:
+        raise failure  # retried by the work queue after its error delay (a backoff)
+
+    services = [s for s in cache.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
+    gc = builds.plan_gc(build, services, now, ctx.plan_settings)
+    if gc.delete:
+        if await ctx.kube.delete(API_VERSION, BUILD_KIND, namespace, name, uid=build["metadata"].get("uid")):
+            logger.info(
+                "Deleted EngineBuild %s/%s (unreferenced for longer than %ss)",
+                namespace,
+                name,
+                ctx.config.build_retention_seconds,
+            )
+        return None
+    annotations = build["metadata"].get("annotations") or {}
+    if annotations.get(UNREFERENCED_ANNOTATION) != gc.unreferenced_since:
+        result = await ctx.kube.patch_metadata(build, annotations={UNREFERENCED_ANNOTATION: gc.unreferenced_since})
+        cache.remember(result)
+    delays = [d for d in (plan.requeue_after, gc.requeue_after) if d is not None]
+    return min(delays) if delays else None

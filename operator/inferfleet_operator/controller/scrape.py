@@ -1,0 +1,63 @@
+"""Reads the serving pods' own /metrics (the autoscaler's only I/O besides the API): bounded by a timeout per pod,
+and a pod that does not answer, or answers without the metrics, counts as missing (the HPA's rule)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferfleet_operator.api.names import POOL_LABEL
+from inferfleet_operator.plan.autoscaling import KV_USAGE, WAITING, PodMetrics
+
+DEFAULT_URL_TEMPLATE = "http://{ip}:{port}/metrics"
+
+logger = logging.getLogger("inferfleet_operator")
+
+
+def parse_metrics(text: str) -> PodMetrics:
+    """The two load gauges from a Prometheus text page, summed over their label sets (one per model)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (WAITING, KV_USAGE):
+                found[sample.name] = found.get(sample.name, 0.0) + sample.value
+    return PodMetrics(waiting=found.get(WAITING), kv_usage=found.get(KV_USAGE))
+
+
+def pod_url(pod: dict, port: int, template: str = DEFAULT_URL_TEMPLATE) -> str | None:
+    """Where a pod's /metrics is: the template filled with {ip}, {port}, {namespace}, {pod}, {pool}.
+    The default is the pod IP; tests point it at a stand-in on loopback (--scrape-url-template)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip and "{ip}" in template:
+        return None
+    meta = pod.get("metadata") or {}
+    return template.format(
+        ip=ip,
+        port=port,
+        namespace=meta.get("namespace", ""),
+        pod=meta.get("name", ""),
+        pool=(meta.get("labels") or {}).get(POOL_LABEL, ""),
+    )
+
+
+async def _scrape_one(http: httpx.AsyncClient, url: str | None, timeout: float) -> PodMetrics | None:
+    if url is None:
+        return None
+    try:
+        response = await asyncio.wait_for(http.get(url), timeout)
+        response.raise_for_status()
+        metrics = parse_metrics(response.text)
+    except (TimeoutError, httpx.HTTPError, ValueError) as error:
+        logger.debug("Failed to scrape %s: %s", url, error)
+        return None
+    return None if metrics.waiting is None and metrics.kv_usage is None else metrics
+
+
+async def scrape_pods(
+    http: httpx.AsyncClient, pods: list[dict], port: int, template: str = DEFAULT_URL_TEMPLATE, timeout: float = 2.0
+) -> list[PodMetrics | None]:
+    """One entry per pod, in order, scraped concurrently; `timeout` seconds bound each pod's whole request."""
+    return list(await asyncio.gather(*(_scrape_one(http, pod_url(pod, port, template), timeout) for pod in pods)))

@@ -1,0 +1,1 @@
+"""Talking to the Kubernetes API: the client, credentials, and what counts as a change."""

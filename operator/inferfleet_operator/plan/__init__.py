@@ -1,0 +1,1 @@
+"""Pure decisions: nodes, pools, runtime choice, replicas, autoscaling, routing, builds and manifests."""

@@ -1,0 +1,337 @@
+"""plan_build: one EngineBuild × its Jobs -> the Job for the current attempt, its status and when to look again; plus GC."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from inferfleet_operator.api import conditions as c
+from inferfleet_operator.api.conditions import PlannedEvent, format_time, parse_time
+from inferfleet_operator.api.names import (
+    API_VERSION,
+    ATTEMPT_ANNOTATION,
+    BUILD_KIND,
+    JOB_NAME_LABEL,
+    PROGRESS_ANNOTATION,
+    UNREFERENCED_ANNOTATION,
+)
+from inferfleet_operator.api.types import DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
+from inferfleet_operator.plan import findings as f
+from inferfleet_operator.plan import manifests as m
+
+
+@dataclass
+class BuildPlan:
+    """What one reconcile of an EngineBuild must make true.
+
+    job: the Job to create for the current attempt (named <build-name>-<attempt>), or None when nothing is
+        to be created: the attempt's Job already exists (it is among `jobs`), the build is Ready or Failed,
+        or the backoff before the next attempt has not passed (see requeue_after).
+    status: the whole EngineBuild .status (state Pending|Building|Ready|Failed, attempts, maxAttempts,
+        currentJob, progress, message, failureReason, artifactPath, artifactSizeBytes, startTime,
+        completionTime, durationSeconds, nextAttemptTime, conditions, observedGeneration). Deterministic.
+    requeue_after: seconds until the build should be looked at again without a watch event (backoff).
+    events: Events for changes against the previous status.
+    """
+
+    job: dict | None = None
+    status: dict = field(default_factory=dict)
+    requeue_after: float | None = None
+    events: list[PlannedEvent] = field(default_factory=list)
+
+
+def _attempt(job: dict) -> int:
+    meta = job.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(ATTEMPT_ANNOTATION) or meta.get("name", "").rsplit("-", 1)[-1]
+    return int(value) if str(value).isdigit() else 0
+
+
+def _job_condition(job: dict, type_: str) -> dict | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_ and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def _outcome(job: dict) -> str:
+    """ "succeeded" | "failed" | "running" from the Job's conditions and counters."""
+    status = job.get("status") or {}
+    if _job_condition(job, "Complete") or int(status.get("succeeded") or 0) > 0:
+        return "succeeded"
+    # FailureTarget: the Job controller decided the Job failed and is terminating its pods.
+    if _job_condition(job, "Failed") or _job_condition(job, "FailureTarget") or int(status.get("failed") or 0) > 0:
+        return "failed"
+    return "running"
+
+
+def _pods_of(job: dict, pods: list[dict]) -> list[dict]:
+    name = (job.get("metadata") or {}).get("name")
+
+    def job_name(pod: dict) -> str | None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return labels.get(JOB_NAME_LABEL) or labels.get("job-name")
+
+    return sorted((p for p in pods if job_name(p) == name), key=lambda p: (p.get("metadata") or {}).get("name", ""))
+
+
+def _terminations(pods: list[dict]):
+    for pod in pods:
+        status = pod.get("status") or {}
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            terminated = ((cs.get("state") or {}).get("terminated")) or ((cs.get("lastState") or {}).get("terminated"))
+            if terminated:
+                yield cs.get("name", ""), terminated
+
+
+def _failure_reason(job: dict, pods: list[dict]) -> str:
+    for name, term in _terminations(pods):
+        if int(term.get("exitCode") or 0) != 0:
+            message = (term.get("message") or "").strip().splitlines()
+            tail = f": {message[-1][:300]}" if message else ""
+            return f"container {name} exited {term.get('exitCode')} ({term.get('reason', 'Error')}){tail}"
+    cond = _job_condition(job, "Failed")
+    if cond:
+        return f"Job failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip(": ")
+    return "Job failed"
+
+
+def _result(pods: list[dict]) -> dict:
+    """The compile container's termination message, when it is a JSON object (e.g. {"artifactSizeBytes": N})."""
+    for name, term in _terminations(pods):
+        if name == "compile" and int(term.get("exitCode") or 0) == 0:
+            try:
+                value = json.loads(term.get("message") or "")
+            except ValueError:
+                return {}
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def _progress(job: dict, pods: list[dict]) -> str:
+    for obj in [job] + pods:
+        value = ((obj.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
+        if value:
+            return value
+    phases = {(p.get("status") or {}).get("phase") for p in pods}
+    if "Running" in phases:
+        return "compiling"
+    return "waiting for a pod" if not pods or "Pending" in phases else "finishing"
+
+
+def _failed_at(job: dict) -> datetime | None:
+    cond = _job_condition(job, "Failed")
+    status = job.get("status") or {}
+    return parse_time((cond or {}).get("lastTransitionTime") or status.get("completionTime") or status.get("startTime"))
+
+
+def backoff_seconds(base: int, attempt: int, cap: int) -> int:
+    """Delay after failed attempt `attempt` (1-based): base, 2·base, 4·base, ... capped."""
+    return min(base * 2 ** (attempt - 1), cap)
+
+
+def plan_build(
+    build: dict,
+    jobs: list[dict],
+    now: datetime,
+    settings: PlanSettings = DEFAULT_SETTINGS,
+    pods: list[dict] = (),
+    claims: frozenset[str] | None = None,
+    apply_error: str | None = None,
+) -> BuildPlan:
+    """Plan one EngineBuild.
+
+    build: the EngineBuild as read. jobs: the Jobs labelled inferfleet.dev/engine-build=<name> (any order).
+    pods: optional, the pods of those Jobs (termination messages and progress annotations are read from
+    them when given). At most spec.maxAttempts Jobs are ever created; attempt n+1 starts no earlier than
+    backoffSeconds * 2**(n-1) (capped at settings.max_backoff_seconds) after attempt n failed. Attempts are
+    counted from the Jobs that exist (level-triggered: a Job deleted by hand is simply re-run).
+    claims: when given, the PersistentVolumeClaims of the build's namespace: a Job that mounts a missing
+    one is not created (ClaimNotFound) until the claim exists, so its deadline does not run meanwhile.
+    apply_error: the API server's message for the last refused create of the Job to create (ApplyFailed).
+    A running attempt whose pods cannot schedule or whose model fetch fails says so in progress and the
+    Built condition's reason; an attempt stopped by its deadline (DeadlineExceeded) fails the build at
+    once (another attempt of the same envelope would run into the same deadline).
+    """
+    meta = build.get("metadata") or {}
+    name, namespace, uid = meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", "")
+    generation = int(meta.get("generation") or 0)
+    previous = build.get("status") or {}
+    prev_conditions = c.by_type(previous.get("conditions"))
+    try:
+        spec = parse_build(build).spec
+    except SpecError as error:
+        status = {"state": "Failed", "attempts": 0, "failureReason": str(error), "message": str(error)}
+        return _finish(status, previous, prev_conditions, now, generation, None, None)
+
+    jobs = sorted((j for j in jobs if _attempt(j) > 0), key=_attempt)
+    attempts = _attempt(jobs[-1]) if jobs else 0
+    status = {
+        "attempts": attempts,
+        "maxAttempts": spec.max_attempts,
+        "artifactPath": f"{settings.engine_cache_mount}/{spec.engine_key}",
+    }
+    owner = m.owner_reference(API_VERSION, BUILD_KIND, name, uid)
+
+    def new_job(attempt: int) -> dict:
+        job = m.compile_job_for(name, namespace, spec, attempt, settings)
+        job["metadata"]["ownerReferences"] = [owner]
+        return job
+
+    def create(attempt: int, message: str) -> BuildPlan:
+        job = new_job(attempt)
+        missing = f.missing_claims([job], claims) if claims is not None else []
+        if missing:  # the Job would only wait (and burn its deadline): create it once the claim exists
+            status.update(state="Pending", progress="waiting for a claim", message=missing[0].text)
+            return _finish(status, previous, prev_conditions, now, generation, None, None, missing[0].reason)
+        status.update(attempts=attempt, state="Pending", currentJob=job["metadata"]["name"], progress="job created",
+                      message=message)  # fmt: skip
+        if apply_error:
+            found = f.apply_finding("Job", job["metadata"]["name"], apply_error)
+            status.update(progress="job refused", message=found.text)
+            return _finish(status, previous, prev_conditions, now, generation, job, None, found.reason)
+        return _finish(status, previous, prev_conditions, now, generation, job, None)
+
+    succeeded = next((j for j in jobs if _outcome(j) == "succeeded"), None)
+    if succeeded is not None:
+        job_pods = _pods_of(succeeded, list(pods))
+        result = _result(job_pods)
+        job_status = succeeded.get("status") or {}
+        start, end = parse_time(job_status.get("startTime")), parse_time(job_status.get("completionTime"))
+        status.update(state="Ready", currentJob=succeeded["metadata"]["name"], progress="done", message="engine built")
+        if start:
+            status["startTime"] = format_time(start)
+        if end:
+            status["completionTime"] = format_time(end)
+        if start and end:
+            status["durationSeconds"] = int((end - start).total_seconds())
+        if isinstance(result.get("artifactSizeBytes"), int):
+            status["artifactSizeBytes"] = result["artifactSizeBytes"]
+        return _finish(status, previous, prev_conditions, now, generation, None, None)
+
+    if not jobs:
+        return create(1, "attempt 1 starting")
+
+    latest = jobs[-1]
+    job_pods = _pods_of(latest, list(pods))
+    status["currentJob"] = latest["metadata"]["name"]
+    if _outcome(latest) == "running":
+        status.update(
+            state="Building",
+            progress=_progress(latest, job_pods),
+            message=f"attempt {attempts} of {spec.max_attempts} running",
+        )
+        found = f.summary(f.pods_findings(job_pods))
+        if found is not None:  # e.g. unschedulable, claim missing, fetch failing: not just "waiting for a pod"
+            status.update(progress=found[1], message=f"attempt {attempts} of {spec.max_attempts}: {found[1]}")
+            return _finish(status, previous, prev_conditions, now, generation, None, None, found[0])
+        return _finish(status, previous, prev_conditions, now, generation, None, None)
+
+    deadline = f.job_findings(latest)
+    if deadline:
+        status.update(
+            failureReason=deadline[0].text,
+            state="Failed",
+            progress="failed",
+            message=f"attempt {attempts} failed: {deadline[0].text}",
+        )
+        return _finish(status, previous, prev_conditions, now, generation, None, None, deadline[0].reason)
+    reason = _failure_reason(latest, job_pods)
+    status["failureReason"] = reason
+    if attempts >= spec.max_attempts:
+        status.update(state="Failed", progress="failed", message=f"all {attempts} attempt(s) failed; last: {reason}")
+        return _finish(status, previous, prev_conditions, now, generation, None, None)
+    failed_at = _failed_at(latest) or now
+    next_at = failed_at + timedelta(
+        seconds=backoff_seconds(spec.backoff_seconds, attempts, settings.max_backoff_seconds)
+    )
+    if now < next_at:
+        status.update(state="Pending", progress="backoff", nextAttemptTime=format_time(next_at),
+                      message=f"attempt {attempts} failed; attempt {attempts + 1} at {format_time(next_at)}")  # fmt: skip
+        return _finish(status, previous, prev_conditions, now, generation, None, (next_at - now).total_seconds())
+    return create(attempts + 1, f"attempt {attempts} failed; attempt {attempts + 1} starting")
+
+
+_BUILT = {
+    "Ready": (c.TRUE, c.REASON_JOB_SUCCEEDED),
+    "Failed": (c.FALSE, c.REASON_ATTEMPTS_EXHAUSTED),
+    "Building": (c.FALSE, c.REASON_JOB_RUNNING),
+    "Pending": (c.FALSE, c.REASON_JOB_CREATED),
+}
+
+
+def _finish(status, previous, prev_conditions, now, generation, job, requeue_after, finding: str = "") -> BuildPlan:
+    """finding: the reason of a failure a user must act on (findings.py): the Built condition's reason,
+    and a Warning Event whenever its message changes."""
+    state = status["state"]
+    cond_status, reason = _BUILT[state]
+    if state == "Pending" and status.get("nextAttemptTime"):
+        reason = c.REASON_BACKOFF
+    reason = finding or reason
+    status["conditions"] = [
+        c.condition(prev_conditions, c.BUILT, cond_status, reason, status.get("message", ""), now, generation)
+    ]
+    status["observedGeneration"] = generation
+    events = []
+    old_built = prev_conditions.get(c.BUILT) or {}
+    if finding and (old_built.get("reason"), old_built.get("message")) != (finding, status.get("message", "")):
+        events.append(c.warning(finding, status.get("message", "")))
+    if job is not None and finding != c.REASON_APPLY_FAILED:
+        events.append(
+            c.normal(c.REASON_JOB_CREATED, f"Created Job {job['metadata']['name']} for attempt {status['attempts']}")
+        )
+    if not finding and (state != previous.get("state") or status.get("failureReason") != previous.get("failureReason")):
+        if state == "Ready":
+            events.append(c.normal(c.REASON_JOB_SUCCEEDED, f"Engine built by Job {status.get('currentJob')}"))
+        elif state == "Failed":
+            events.append(c.warning(c.REASON_ATTEMPTS_EXHAUSTED, status["message"]))
+        elif status.get("failureReason") and status.get("failureReason") != previous.get("failureReason"):
+            events.append(
+                c.warning(
+                    c.REASON_JOB_FAILED,
+                    f"Attempt {status['attempts'] - (1 if job else 0)} failed: {status['failureReason']}",
+                )
+            )
+    return BuildPlan(job=job, status=status, requeue_after=requeue_after, events=events)
+
+
+# ------------------------------------------------------------------ garbage collection
+
+
+@dataclass(frozen=True)
+class GcDecision:
+    """delete: the build is unreferenced for longer than the retention; requeue_after: when to look again;
+    unreferenced_since: RFC 3339 time to record (annotation inferfleet.dev/unreferenced-since), or None when
+    the build is referenced (remove the annotation if present)."""
+
+    delete: bool
+    requeue_after: float | None
+    unreferenced_since: str | None
+
+
+def referencing_services(build: dict, services: list[dict]) -> list[str]:
+    """Names of the services (of the build's namespace) whose status lists the build as built-for or serving."""
+    meta = build.get("metadata") or {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    found = []
+    for svc in services:
+        svc_meta = svc.get("metadata") or {}
+        if svc_meta.get("namespace") != namespace:
+            continue
+        pools = (svc.get("status") or {}).get("pools") or []
+        if any(name in (p.get("engineBuild"), p.get("servingEngineBuild")) for p in pools):
+            found.append(svc_meta.get("name", ""))
+    return sorted(found)
+
+
+def plan_gc(build: dict, services: list[dict], now: datetime, settings: PlanSettings = DEFAULT_SETTINGS) -> GcDecision:
+    """Decide whether an EngineBuild is garbage: referenced means some InferenceService of its namespace lists
+    it in status.pools[].engineBuild or status.pools[].servingEngineBuild."""
+    if referencing_services(build, services):
+        return GcDecision(False, None, None)
+    annotations = (build.get("metadata") or {}).get("annotations") or {}
+    since = parse_time(annotations.get(UNREFERENCED_ANNOTATION)) or now
+    expires = since + timedelta(seconds=settings.build_retention_seconds)
+    if now >= expires:
+        return GcDecision(True, None, format_time(since))
+    return GcDecision(False, (expires - now).total_seconds(), format_time(since))

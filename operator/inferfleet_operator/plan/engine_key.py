@@ -1,0 +1,38 @@
+"""engine_key: the content address of a compiled engine, a hash over the canonical form of what determines it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from inferfleet_operator.api.types import EngineEnvelope, from_dict, to_dict
+
+KEY_LENGTH = 16  # hex characters (64 bits): an EngineBuild's name
+
+
+def canonical_envelope(envelope: dict | EngineEnvelope) -> dict:
+    """The envelope with every default filled in and keys in camelCase, so `{}` and the spelled-out
+    defaults give the same key."""
+    if isinstance(envelope, EngineEnvelope):
+        return to_dict(envelope)
+    return to_dict(from_dict(EngineEnvelope, envelope, "engine"))
+
+
+def canonical_form(
+    model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str
+) -> str:
+    document = {
+        "architecture": architecture,
+        "envelope": canonical_envelope(envelope),
+        "model": {"revision": revision or "main", "uri": model_uri},
+        "runtimeImage": runtime_image,
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def engine_key(
+    model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str
+) -> str:
+    """sha256 of the canonical JSON, first KEY_LENGTH hex digits."""
+    text = canonical_form(model_uri, revision, envelope, architecture, runtime_image)
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]

@@ -1,0 +1,302 @@
+"""Failures a user must act on, read from pods, Jobs, claims and refused applies: pure functions -> findings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from inferfleet_operator.api import conditions as c
+
+# Findings are reported in this order (the first one's reason names the Degraded condition): what
+# blocks everything first, then what blocks one pod.
+ORDER = (
+    c.REASON_APPLY_FAILED,
+    c.REASON_CLAIM_NOT_FOUND,
+    c.REASON_DEADLINE_EXCEEDED,
+    c.REASON_INSUFFICIENT_RESOURCE,
+    c.REASON_UNSCHEDULABLE,
+    c.REASON_FETCH_FAILED,
+)
+MAX_MESSAGE = 1024  # characters of one condition message or Event note built from findings
+FETCH_CONTAINER = "fetch-model"
+
+_INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
+_CLAIM_NOT_FOUND = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
+
+
+@dataclass(frozen=True, order=True)
+class Finding:
+    """One failure: its CamelCase reason, the object it is about ("pod team-a/x"), and what to know."""
+
+    reason: str
+    subject: str
+    message: str
+    pool: str = ""  # the pool whose pods or Deployment it concerns ("" for none)
+
+    @property
+    def text(self) -> str:
+        return f"{self.subject}: {self.message}"
+
+
+def _cut(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def last_line(text: str | None) -> str:
+    """The last non-empty line of a termination message (where a CLI writes its error line)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return _cut(lines[-1], 300) if lines else ""
+
+
+def pod_view(pod: Mapping) -> dict:
+    """What findings read from a Pod (for an index: no spec, no managed fields)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    keep_meta = {k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp") if k in meta}
+
+    def statuses(key: str) -> list[dict]:
+        return [
+            {k: s[k] for k in ("name", "state", "lastState", "restartCount") if k in s} for s in status.get(key) or []
+        ]
+
+    return {
+        "metadata": keep_meta,
+        "status": {
+            "phase": status.get("phase"),
+            "conditions": [
+                {k: cond.get(k) for k in ("type", "status", "reason", "message")}
+                for cond in status.get("conditions") or []
+            ],
+            "initContainerStatuses": statuses("initContainerStatuses"),
+        },
+    }
+
+
+def pod_findings(pod: Mapping, pool_label: str = "") -> list[Finding]:
+    """Why a pod cannot run: unschedulable (for a named resource, a missing claim, or otherwise), or an
+    init container (the model fetch) that exited non-zero, with its exit code and last message line."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return []
+    subject = f"pod {meta.get('name', '')}"
+    pool = ((meta.get("labels") or {}).get(pool_label, "")) if pool_label else ""
+    found = []
+    for cond in status.get("conditions") or []:
+        if cond.get("type") != "PodScheduled" or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
+            continue
+        message = (cond.get("message") or "").strip()
+        claims = sorted(set(_CLAIM_NOT_FOUND.findall(message)))
+        resources = sorted(set(_INSUFFICIENT.findall(message)))
+        if claims:
+            found.append(
+                Finding(
+                    c.REASON_CLAIM_NOT_FOUND,
+                    subject,
+                    f"claim {', '.join(claims)} not found in namespace {meta.get('namespace', '')}",
+                    pool,
+                )
+            )
+        elif resources:
+            found.append(
+                Finding(
+                    c.REASON_INSUFFICIENT_RESOURCE,
+                    subject,
+                    f"unschedulable: Insufficient {', '.join(resources)} ({_cut(message, 300)})",
+                    pool,
+                )
+            )
+        else:
+            found.append(Finding(c.REASON_UNSCHEDULABLE, subject, f"unschedulable: {_cut(message, 300)}", pool))
+    for cs in status.get("initContainerStatuses") or []:
+        state = cs.get("state") or {}
+        # The current run's end, else (waiting to restart, e.g. CrashLoopBackOff) the previous run's;
+        # a container running again is not reported.
+        term = (
+            state.get("terminated")
+            or ((cs.get("lastState") or {}).get("terminated") if "waiting" in state else None)
+            or {}
+        )
+        code = int(term.get("exitCode") or 0)
+        if code == 0:
+            continue
+        what = "model fetch" if cs.get("name") == FETCH_CONTAINER else "init container"
+        line = last_line(term.get("message"))
+        found.append(
+            Finding(
+                c.REASON_FETCH_FAILED,
+                subject,
+                f"{what} {cs.get('name', '')} exited {code} ({term.get('reason') or 'Error'})"
+                + (f": {line}" if line else ""),
+                pool,
+            )
+        )
+    return found
+
+
+def pods_findings(pods: Iterable[Mapping], pool_label: str = "") -> list[Finding]:
+    """Every pod's findings, one per (reason, message, pool) naming each pod it applies to: the
+    replicas of one pool usually fail alike."""
+    names: dict[tuple[str, str, str], list[str]] = {}
+    for pod in pods:
+        for found in pod_findings(pod, pool_label):
+            names.setdefault((found.reason, found.message, found.pool), []).append(found.subject.removeprefix("pod "))
+    return sorted(
+        Finding(reason, f"pod{'s' if len(subjects) > 1 else ''} {', '.join(sorted(subjects))}", message, pool)
+        for (reason, message, pool), subjects in names.items()
+    )
+
+
+def job_findings(job: Mapping) -> list[Finding]:
+    """A Job stopped by its activeDeadlineSeconds: condition Failed, or FailureTarget (set first, while
+    the Job's pods are still being terminated), with reason DeadlineExceeded."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if (
+            cond.get("type") in ("Failed", "FailureTarget")
+            and cond.get("status") == "True"
+            and cond.get("reason") == "DeadlineExceeded"
+        ):
+            deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+            limit = f" of {deadline} s" if deadline else ""
+            detail = cond.get("message") or "Job was active longer than specified deadline"
+            return [
+                Finding(
+                    c.REASON_DEADLINE_EXCEEDED,
+                    f"Job {(job.get('metadata') or {}).get('name', '')}",
+                    f"ran past its deadline{limit}: {detail}",
+                )
+            ]
+    return []
+
+
+def claim_names(manifest: Mapping) -> list[str]:
+    """PersistentVolumeClaims a Deployment's or Job's pods mount."""
+    pod_spec = (((manifest.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    return sorted(
+        {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod_spec.get("volumes") or []
+            if (v.get("persistentVolumeClaim") or {}).get("claimName")
+        }
+    )
+
+
+def missing_claims(
+    manifests: Iterable[Mapping], claims: set[str] | frozenset[str], pool_label: str = ""
+) -> list[Finding]:
+    """Claims that the given Deployments or Jobs mount and that do not exist in their namespace."""
+    found = []
+    for manifest in manifests:
+        meta = manifest.get("metadata") or {}
+        missing = [name for name in claim_names(manifest) if name not in claims]
+        if missing:
+            pool = (meta.get("labels") or {}).get(pool_label, "") if pool_label else ""
+            found.append(
+                Finding(
+                    c.REASON_CLAIM_NOT_FOUND,
+                    f"{manifest.get('kind')} {meta.get('name', '')}",
+                    f"mounts claim {', '.join(missing)}, which does not exist in namespace {meta.get('namespace', '')}",
+                    pool,
+                )
+            )
+    return sorted(found)
+
+
+def missing_cache_claim(
+    pools: Iterable[Mapping], claims: set[str] | frozenset[str], claim: str, namespace: str
+) -> list[Finding]:
+    """Pools (status entries) whose engine is still to be built while the engine cache claim the
+    compile Job writes into does not exist in the namespace."""
+    if claim in claims:
+        return []
+    return [
+        Finding(
+            c.REASON_CLAIM_NOT_FOUND,
+            f"EngineBuild {entry['engineBuild']}",
+            f"compiles into claim {claim}, which does not exist in namespace {namespace}",
+            entry.get("name", ""),
+        )
+        for entry in pools
+        if entry.get("engineBuild") and entry.get("buildState") != "Ready"
+    ]
+
+
+def build_findings(pools: Iterable[Mapping], builds: Mapping[str, Mapping]) -> list[Finding]:
+    """What the EngineBuilds of a service's pools report (their Built condition's reason is a finding's,
+    e.g. a compile pod unschedulable or past its deadline), for the service's status. A missing engine
+    cache claim is left to missing_cache_claim, which sees it before the build does."""
+    found = []
+    for entry in pools:
+        build = builds.get(entry.get("engineBuild") or "")
+        if build is None:
+            continue
+        built = c.by_type((build.get("status") or {}).get("conditions")).get(c.BUILT) or {}
+        if built.get("reason") in ORDER and built["reason"] != c.REASON_CLAIM_NOT_FOUND:
+            found.append(
+                Finding(
+                    built["reason"],
+                    f"EngineBuild {entry['engineBuild']}",
+                    built.get("message", ""),
+                    entry.get("name", ""),
+                )
+            )
+    return found
+
+
+def apply_finding(kind: str, name: str, message: str, pool: str = "") -> Finding:
+    """A write the API server refused (e.g. 422 Invalid): its own message says what to fix."""
+    return Finding(c.REASON_APPLY_FAILED, f"{kind} {name}", f"refused by the API server: {_cut(message, 600)}", pool)
+
+
+def _rank(finding: Finding) -> tuple:
+    return (ORDER.index(finding.reason) if finding.reason in ORDER else len(ORDER), finding)
+
+
+def summary(findings: Iterable[Finding]) -> tuple[str, str] | None:
+    """(reason, message) for a condition: the most pressing finding's reason, every finding named."""
+    ranked = sorted(set(findings), key=_rank)
+    if not ranked:
+        return None
+    return ranked[0].reason, _cut("; ".join(f.text for f in ranked))
+
+
+def grouped(findings: Iterable[Finding]) -> list[tuple[str, str]]:
+    """(reason, message) per reason, for one Warning Event each (like the planner's grouped Events)."""
+    by_reason: dict[str, list[str]] = {}
+    for finding in sorted(set(findings), key=_rank):
+        by_reason.setdefault(finding.reason, []).append(finding.text)
+    return [(reason, _cut("; ".join(texts))) for reason, texts in by_reason.items()]
+
+
+def degraded_status(status: dict, findings: Iterable[Finding], previous: dict[str, dict], now, generation: int) -> dict:
+    """`status` with the findings in it: Degraded True with the most pressing finding's reason and every
+    finding in its message (a Degraded that was True already, e.g. BuildFailed, keeps its message after
+    them), and each finding about a pool in that pool's `message`. Unchanged when there are none."""
+    findings = list(findings)
+    found = summary(findings)
+    if found is None:
+        return status
+    reason, message = found
+    out = dict(status)
+    conditions = []
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == c.DEGRADED:
+            if cond.get("status") == c.TRUE:
+                message = _cut(f"{message}; {cond.get('message', '')}")
+            cond = c.condition(previous, c.DEGRADED, c.TRUE, reason, message, now, generation)
+        conditions.append(cond)
+    out["conditions"] = conditions
+    by_pool: dict[str, list[str]] = {}
+    for finding in sorted(set(findings), key=_rank):
+        if finding.pool:
+            by_pool.setdefault(finding.pool, []).append(f"{finding.reason}: {finding.text}")
+    if by_pool:
+        pools = []
+        for entry in status.get("pools") or []:
+            texts = by_pool.get(entry.get("name"))
+            if texts:
+                entry = dict(
+                    entry, message=_cut("; ".join(texts + [entry["message"]] if entry.get("message") else texts))
+                )
+            pools.append(entry)
+        out["pools"] = pools
+    return out

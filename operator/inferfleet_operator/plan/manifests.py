@@ -1,0 +1,459 @@
+"""Builders of the objects the operator applies: pool Deployments, the Service, the PodDisruptionBudget, EngineBuilds, compile Jobs."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from inferfleet_operator.api.names import (
+    API_VERSION,
+    ATTEMPT_ANNOTATION,
+    BUILD_KIND,
+    BUILD_LABEL,
+    COMPONENT_LABEL,
+    ENGINE_KEY_ANNOTATION,
+    ENGINE_KEY_LABEL,
+    ENGINE_LABEL,
+    KINDS,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    NAME_LABEL,
+    POOL_LABEL,
+    REF_LABEL_PREFIX,
+    RUNTIME_ANNOTATION,
+    SERVICE_LABEL,
+)
+from inferfleet_operator.api.types import (
+    EngineBuildSpec,
+    InferenceRuntime,
+    InferenceService,
+    PlanSettings,
+    Toleration,
+    to_dict,
+    uri_scheme,
+)
+from inferfleet_operator.plan.pools import Pool
+
+RUN_AS = 1000  # the runtime images' non-root user
+API_KEY_ENV = "INFERFLEET_API_KEY"  # what `inferfleet-runtime serve` reads its API keys from
+
+
+def common_labels(service: str | None = None, pool: str | None = None) -> dict:
+    labels = {NAME_LABEL: "inferfleet", MANAGED_BY_LABEL: MANAGER}
+    if service is not None:
+        labels[SERVICE_LABEL] = service
+    if pool is not None:
+        labels[POOL_LABEL] = pool
+    return labels
+
+
+def bounded_name(*parts: str, limit: int = 63) -> str:
+    """Join with "-"; past `limit`, cut and append a short hash so distinct inputs stay distinct."""
+    name = "-".join(parts)
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
+def deployment_name(service: str, pool: str) -> str:
+    return bounded_name(service, pool)
+
+
+def ref_label(service: str) -> str:
+    return REF_LABEL_PREFIX + bounded_name(service)
+
+
+@dataclass(frozen=True)
+class PoolServing:
+    """What one pool's Deployment serves."""
+
+    pool: Pool
+    runtime: InferenceRuntime  # whose image serves
+    engine: str  # "Paged" | "Compiled"
+    engine_key: str  # the compiled engine served ("" when paged)
+    replicas: int
+    gpu_resource: str  # "" for cpu pools
+
+
+# ------------------------------------------------------------------ pod pieces
+
+
+# The root filesystem is read-only: every cache (Triton kernels, Hugging Face, Python) goes to the /tmp emptyDir.
+WRITABLE_ENV = [
+    {"name": "HOME", "value": "/tmp"},
+    {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
+    {"name": "HF_HOME", "value": "/tmp/cache/huggingface"},
+    {"name": "TRITON_CACHE_DIR", "value": "/tmp/cache/triton"},
+]
+
+
+def _env() -> list[dict]:
+    return [dict(item) for item in WRITABLE_ENV]
+
+
+def _api_key_env(auth) -> list[dict]:
+    """The serving container's API keys, by reference to the user's Secret (its value never passes the operator)."""
+    ref = auth.api_key_secret
+    if ref is None:
+        return []
+    return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _pod_security() -> dict:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> dict:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _tolerations(tolerations: tuple[Toleration, ...]) -> list[dict]:
+    """Toleration models -> pod tolerations, leaving out empty strings (empty effect means every effect)."""
+    return [{k: v for k, v in to_dict(t).items() if v != "" or k == "key"} for t in tolerations]
+
+
+def _model_source(uri: str, revision: str, settings: PlanSettings, size: str = "") -> tuple[str, dict, list[list[str]]]:
+    """-> (model directory in the pod, the "model" volume, the args of the init containers that fill it).
+    A downloaded model's emptyDir is limited to `size` when it is stated."""
+    scheme = uri_scheme(uri)
+    rest = uri.split("://", 1)[1]
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return f"{settings.model_mount}/{path.strip('/')}", volume, []
+    if scheme == "file":
+        volume = {"name": "model", "hostPath": {"path": rest, "type": "Directory"}}
+        return settings.model_mount, volume, []
+    directory = f"{settings.model_mount}/model"
+    args = ["fetch", "--uri", uri, "--to", directory]
+    if revision and revision != "main":
+        args += ["--revision", revision]
+    return directory, {"name": "model", "emptyDir": {"sizeLimit": size} if size else {}}, [args]
+
+
+def _fetch_container(image: str, args: list[str], settings: PlanSettings, credentials_secret: str) -> dict:
+    """The init container that downloads the model. The credentials Secret's keys (HF_TOKEN, AWS_*) become its
+    environment: only this container's, never the server's."""
+    container = {
+        "name": "fetch-model",
+        "image": image,
+        "command": ["inferfleet-runtime"],
+        "args": args,
+        "env": _env(),
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "securityContext": _container_security(),
+        # fetch writes its error line as the termination message; a crash leaves the log's tail instead.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "model", "mountPath": settings.model_mount}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": credentials_secret}}]
+    return container
+
+
+def _with_model_storage(requests: dict, size: str, has_fetch: bool) -> dict:
+    """A downloaded model lives in the pod's emptyDir for the pod's life: the long-running container requests
+    its size as ephemeral-storage, so the scheduler picks a node with room for it."""
+    return requests | {"ephemeral-storage": size} if size and has_fetch else requests
+
+
+def pod_tolerations(user: tuple[Toleration, ...], tolerate_gpu_taints: bool, gpu_resource: str) -> list[dict]:
+    """placement.tolerations plus, unless opted out, one for taints keyed by the GPU resource the pod requests."""
+    out = _tolerations(user)
+    if tolerate_gpu_taints and gpu_resource:
+        gpu = {"key": gpu_resource, "operator": "Exists"}
+        if gpu not in out:
+            out.append(gpu)
+    return out
+
+
+def _node_affinity(pool: Pool) -> dict:
+    """Pin to the pool: by its product label when every node carries one (no roll when nodes join), else by
+    node name (exact, but the pod template changes as nodes join or leave)."""
+    if pool.pool_label is not None:
+        key, value = pool.pool_label
+        terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}]
+    else:
+        terms = _node_name_terms(pool.node_names)
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def _node_name_terms(node_names) -> list[dict]:
+    """One term per node: the API server allows exactly one value in a `matchFields` In requirement, and
+    terms are ORed, so this pins to any of the named nodes."""
+    return [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in node_names]
+
+
+def _envelope_args(envelope) -> list[str]:
+    """The envelope as `inferfleet-runtime compile` spells it."""
+    return [
+        "--max-context-length", str(envelope.max_context_length),
+        "--max-batch-size", str(envelope.max_batch_size),
+        "--dtype", envelope.dtype,
+        "--tensor-parallel-size", str(envelope.tensor_parallel_size),
+        "--block-size", str(envelope.block_size),
+    ]  # fmt: skip
+
+
+def _serve_limit_args(envelope) -> list[str]:
+    """The envelope as `inferfleet-runtime serve` (paged) spells it. The paged runtime has no tensor-parallel
+    flag yet: tensor_parallel_size is not passed (a paged replica runs on one device)."""
+    return [
+        "--max-model-len", str(envelope.max_context_length),
+        "--max-num-seqs", str(envelope.max_batch_size),
+        "--dtype", envelope.dtype,
+        "--block-size", str(envelope.block_size),
+    ]  # fmt: skip
+
+
+# A removed serving pod keeps accepting connections this long after it starts terminating: the Service's endpoints
+# and every node's kube-proxy rules drop it within about a second, and until then new connections still reach it
+# (without the wait a scale-down refused some, measured on kind). Then SIGTERM: the server stops listening and
+# finishes the requests in flight, within the grace period.
+PRE_STOP_SLEEP_SECONDS = 10
+TERMINATION_GRACE_SECONDS = 120  # the wait above plus 110 s for the requests in flight to finish
+
+
+def _probe(path: str, period: int, failures: int) -> dict:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+# ------------------------------------------------------------------ builders
+
+
+def deployment_for_pool(service: InferenceService, serving: PoolServing, settings: PlanSettings) -> dict:
+    spec = service.spec
+    name = deployment_name(service.meta.name, serving.pool.name)
+    labels = common_labels(service.meta.name, serving.pool.name) | {
+        ENGINE_LABEL: serving.engine.lower(),
+        COMPONENT_LABEL: "server",
+    }
+    annotations = {ENGINE_KEY_ANNOTATION: serving.engine_key, RUNTIME_ANNOTATION: serving.runtime.name}
+    image = serving.runtime.spec.image
+    volumes = [{"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}]
+    init_containers = []
+    if serving.engine == "Compiled":
+        engine_dir = f"{settings.engine_cache_mount}/{serving.engine_key}"
+        args = ["serve", "--engine-dir", engine_dir, "--engine", "compiled"]
+        volumes.append(
+            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}}
+        )
+        mounts.append({"name": "engines", "mountPath": settings.engine_cache_mount, "readOnly": True})
+    else:
+        model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings, spec.model.size)
+        args = ["serve", "--model", model_dir, "--engine", "paged"] + _serve_limit_args(spec.engine)
+        volumes.append(volume)
+        mounts.append({"name": "model", "mountPath": settings.model_mount, "readOnly": True})
+        init_containers = [_fetch_container(image, a, settings, spec.model.credentials_secret) for a in fetches]
+    args += ["--port", str(settings.port), "--served-model-name", spec.model.name]
+    limits = {"memory": spec.resources.memory}
+    if serving.gpu_resource:
+        limits[serving.gpu_resource] = str(spec.resources.gpus_per_replica)
+    container = {
+        "name": "server",
+        "image": image,
+        "command": ["inferfleet-runtime"],
+        "args": args,
+        "env": _env() + _api_key_env(spec.auth),
+        "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
+        "resources": {
+            "requests": _with_model_storage(
+                {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model.size, bool(init_containers)
+            ),
+            "limits": limits,
+        },
+        # Loading weights can take minutes: the startup probe holds liveness off for up to 20 minutes.
+        "startupProbe": _probe("/health", 10, 120),
+        "livenessProbe": _probe("/health", 10, 3),
+        "readinessProbe": _probe("/ready", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}},
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+    pod_spec = {
+        "affinity": _node_affinity(serving.pool),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    if spec.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.placement.node_selector.items()))
+    tolerations = pod_tolerations(spec.placement.tolerations, spec.placement.tolerate_gpu_taints, serving.gpu_resource)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": KINDS["Deployment"].api_version,
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": service.meta.namespace, "labels": labels, "annotations": annotations},
+        "spec": {
+            "replicas": serving.replicas,
+            "selector": {"matchLabels": common_labels(service.meta.name, serving.pool.name)},
+            # Surge before removing: a serving replica goes away only once its replacement is ready.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
+        },
+    }
+
+
+def service_for(service: InferenceService, settings: PlanSettings) -> dict:
+    """One Service over every pool's pods (selector: inferfleet.dev/service)."""
+    return {
+        "apiVersion": KINDS["Service"].api_version,
+        "kind": "Service",
+        "metadata": {
+            "name": service.meta.name,
+            "namespace": service.meta.namespace,
+            "labels": common_labels(service.meta.name),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"},
+            "ports": [{"name": "http", "port": settings.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def endpoint_for(service: InferenceService, settings: PlanSettings) -> str:
+    return f"http://{service.meta.name}.{service.meta.namespace}.svc:{settings.port}/v1"
+
+
+def pdb_for(service: InferenceService) -> dict:
+    """At most one serving pod of the service disrupted at a time (maxUnavailable, so a 1-replica service
+    still drains)."""
+    return {
+        "apiVersion": KINDS["PodDisruptionBudget"].api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": service.meta.name,
+            "namespace": service.meta.namespace,
+            "labels": common_labels(service.meta.name),
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}},
+        },
+    }
+
+
+def engine_build_for(namespace: str, spec: EngineBuildSpec | dict, references: list[str]) -> dict:
+    """An EngineBuild named by its key; one ref label per referencing service (GC reads references from
+    services' status, the labels are for people and selectors)."""
+    spec_dict = spec if isinstance(spec, dict) else to_dict(spec)
+    key = spec_dict["engineKey"]
+    labels = common_labels() | {ENGINE_KEY_LABEL: key}
+    labels.update({ref_label(name): "true" for name in sorted(set(references))})
+    return {
+        "apiVersion": API_VERSION,
+        "kind": BUILD_KIND,
+        "metadata": {"name": key, "namespace": namespace, "labels": labels},
+        "spec": spec_dict,
+    }
+
+
+def compile_backend(vendor: str) -> str:
+    return "tensorrt" if vendor == "nvidia" else "aotinductor"
+
+
+def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: int, settings: PlanSettings) -> dict:
+    """The Job of one attempt of a build. backoffLimit 0: retries are EngineBuild attempts, each its own Job."""
+    job_name = bounded_name(name, str(attempt))
+    labels = common_labels() | {BUILD_LABEL: name, ENGINE_KEY_LABEL: spec.engine_key, COMPONENT_LABEL: "compiler"}
+    annotations = {ATTEMPT_ANNOTATION: str(attempt)}
+    model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings, spec.model_size)
+    out = f"{settings.engine_cache_mount}/{spec.engine_key}"
+    args = ["compile", "--model", model_dir, "--out", out, "--backend", compile_backend(spec.vendor)]
+    args += _envelope_args(spec.envelope) + [
+        "--engine-key",
+        spec.engine_key,
+        "--target-architecture",
+        spec.architecture,
+    ]
+    limits = {"memory": spec.resources.memory}
+    if spec.gpu_resource:
+        limits[spec.gpu_resource] = str(spec.gpus)
+    requests = _with_model_storage(
+        {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model_size, bool(fetches)
+    )
+    container = {
+        "name": "compile",
+        "image": spec.compile_image,
+        "command": ["inferfleet-runtime"],
+        "args": args,
+        "env": _env(),
+        "resources": {"requests": requests, "limits": limits},
+        "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "model", "mountPath": settings.model_mount, "readOnly": not fetches},
+            {"name": "engines", "mountPath": settings.engine_cache_mount},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [
+            model_volume,
+            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if fetches:
+        pod_spec["initContainers"] = [
+            _fetch_container(spec.compile_image, a, settings, spec.credentials_secret) for a in fetches
+        ]
+    if spec.placement.node_names:
+        terms = _node_name_terms(spec.placement.node_names)
+        pod_spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    if spec.placement.tolerations:
+        pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
+    return {
+        "apiVersion": KINDS["Job"].api_version,
+        "kind": "Job",
+        "metadata": {"name": job_name, "namespace": namespace, "labels": labels, "annotations": annotations},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": spec.deadline_seconds,
+            "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
+        },
+    }
+
+
+def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
