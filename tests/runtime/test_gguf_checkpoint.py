@@ -172,6 +172,22 @@ def test_find_gguf_takes_a_file_or_a_directory_with_one(gguf_files, untied_dir, 
         find_gguf(tmp_path)
 
 
+def test_serve_names_a_gguf_model_after_its_file_and_refuses_two(gguf_files, tmp_path, monkeypatch, capsys):
+    from inferfleet_runtime.server import cli as serve_cli
+
+    served = []
+    monkeypatch.setattr(serve_cli, "serve", lambda make_runner, config, name, *args, **kwargs: served.append(name))
+    path = gguf_files[True, "Q4_1"]
+    assert main(["serve", "--model", str(path)]) == 0
+    assert main(["serve", "--model", str(path.parent)]) == 0
+    assert served == ["tiny.Q4_1", "tiny.Q4_1"]
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    (tmp_path / "b.gguf").write_bytes(b"GGUF")
+    assert main(["serve", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds 2 .gguf files" in err[0]
+
+
 @pytest.mark.parametrize("keep", [0.5, 0.9, 40 / 1e9])
 def test_a_truncated_file_is_refused_as_unreadable(gguf_files, tmp_path, keep):
     data = gguf_files[False, "F32"].read_bytes()
