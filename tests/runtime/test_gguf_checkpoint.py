@@ -25,6 +25,7 @@ pytest.importorskip("accelerate", reason="transformers needs accelerate to load 
 TOLERANCES = {
     "F32": (0.0, 0.0),
     "F16": (0.0, 2e-3),
+    "BF16": (0.0, 8e-3),
     "Q8_0": (1e-6, 0.02),
     "Q4_1": (1e-6, 0.15),
 }
