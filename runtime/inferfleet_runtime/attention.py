@@ -1,6 +1,7 @@
 """Paged KV cache layout, the per-step attention metadata, and the paged attention the model is run with.
 
-The model calls one method of an attention object it is given per step, `forward(layer_index, q, k, v, scale)`;
+The model calls one method of an attention object it is given per step, `forward(layer_index, q, k, v, scale)`
+(plus `softcap` for Gemma 2's soft-capped scores);
 `PagedAttention` here is the serving one (the compiled export brings its own, `compiled.step.StaticSlotAttention`).
 """
 
@@ -13,7 +14,7 @@ import torch
 
 from .config import ModelConfig
 from .kernels import KernelOps
-from .kernels.paged_attention import reference_layout
+from .kernels.paged_attention import paged_attention_reference, reference_layout
 
 # KV cache of one layer: (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -23,9 +24,16 @@ class AttentionBackend(Protocol):
     """Where a step's keys and values come from and go to; the model's layers call it in order 0..L-1."""
 
     def forward(
-        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self,
+        layer_index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k and v [T, Hkv, D] of this step's new tokens, rotated -> out [T, Hq, D] in q's dtype."""
+        """q [T, Hq, D], k and v [T, Hkv, D] of this step's new tokens, rotated -> out [T, Hq, D] in q's dtype.
+        softcap: scores become tanh(scores / softcap) * softcap before the softmax (Gemma 2)."""
         ...
 
 
@@ -59,6 +67,7 @@ class PagedAttention:
     def __init__(self, kv_caches: list[KVCache], meta: AttentionMetadata, ops: KernelOps):
         self.kv_caches, self.meta, self.ops = kv_caches, meta, ops
         self.kwargs: dict = {"max_seq_len": meta.max_seq_len}
+        self._layout = None  # the reference's, for soft-capped layers on another backend (built when first needed)
         if not meta.is_decode_only:
             self.kwargs.update(query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len)
         if ops.backend == "reference":
@@ -68,13 +77,35 @@ class PagedAttention:
             )
 
     def forward(
-        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self,
+        layer_index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         key_cache, value_cache = self.kv_caches[layer_index]
         self.ops.write_kv(k, v, key_cache, value_cache, self.meta.slot_mapping)
+        if softcap is not None:  # only the torch reference soft-caps (the model logged the fallback at load)
+            return paged_attention_reference(
+                q, key_cache, value_cache, self.meta.block_tables, self.meta.seq_lens, scale, softcap=softcap,
+                **self._reference_kwargs(key_cache.shape[1]),
+            )  # fmt: skip
         return self.ops.paged_attention(
             q, key_cache, value_cache, self.meta.block_tables, self.meta.seq_lens, scale, **self.kwargs
         )  # [T, Hq, D]
+
+    def _reference_kwargs(self, block_size: int) -> dict:
+        """The reference's keyword arguments, its layout built at most once per step whichever backend runs."""
+        if "layout" in self.kwargs:
+            return self.kwargs
+        if self._layout is None:
+            self._layout = reference_layout(
+                self.meta.block_tables, self.meta.seq_lens, block_size, self.kwargs.get("query_start_loc"),
+                self.meta.max_seq_len,
+            )  # fmt: skip
+        return {**self.kwargs, "layout": self._layout}
 
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, device: torch.device) -> list[KVCache]:

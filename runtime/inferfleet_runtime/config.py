@@ -39,7 +39,16 @@ class ModelConfig:
     mlp_bias: bool = False
     family: str = "llama"  # the models/ family that builds the decoder (models.FAMILIES)
     qkv_bias: bool = False  # q, k and v carry biases even without attention_bias (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    # Gemma 2 and 3:
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh"
+    norm_offset: float = 0.0  # RMSNorms scale by (offset + weight): 1 where checkpoints store weight - 1
+    embed_scale: float | None = None  # embeddings multiplied by this (sqrt(hidden_size))
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power instead of head_dim's
+    attn_logit_softcapping: float | None = None  # scores -> tanh(scores / c) * c before the softmax
+    final_logit_softcapping: float | None = None  # logits -> tanh(logits / c) * c
+    local_rope_theta: float | None = None  # RoPE base of the layers in local_rope_layers (Gemma 3's sliding ones)
+    local_rope_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype: str | torch.dtype | None = None) -> ModelConfig:
@@ -62,7 +71,7 @@ class ModelConfig:
         family = find_family(hf)
         num_heads = hf["num_attention_heads"]
         hidden_size = hf["hidden_size"]
-        theta, scaling = _rope(hf)
+        theta, scaling = read_rope(hf)
         eos_ids = _as_ids(hf.get("eos_token_id")) + _as_ids((generation or {}).get("eos_token_id"))
         fields = dict(
             name=name,
@@ -109,7 +118,8 @@ def refuse_sliding_window(hf: dict, is_sliding: list[bool]) -> None:
         raise ConfigError(f"sliding-window attention (sliding_window={window}) is not supported")
 
 
-def _rope(hf: dict) -> tuple[float, dict | None]:
+def read_rope(hf: dict) -> tuple[float, dict | None]:
+    """(rope_theta, scaling or None) of a config.json's RoPE fields, refusing the kinds the runtime lacks."""
     # Older configs carry rope_theta + rope_scaling; transformers 5 writes rope_parameters with rope_theta inside.
     params = dict(hf.get("rope_parameters") or {})
     scaling = dict(hf.get("rope_scaling") or {})

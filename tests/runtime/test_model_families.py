@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 
 from inferfleet_runtime import demo_text
+from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
 from inferfleet_runtime.config import ConfigError, ModelConfig
 from inferfleet_runtime.kernels import native
 from inferfleet_runtime.layers.linear import pack_linears
 from inferfleet_runtime.loader import load_model
-from inferfleet_runtime.models import SUPPORTED_MODEL_TYPES
+from inferfleet_runtime.models import FAMILIES, SUPPORTED_MODEL_TYPES
 
 from .paged_greedy import greedy_paged, hf_greedy, truncate_after_eos
 
@@ -33,27 +35,58 @@ TINY = dict(
     eos_token_id=2,
     pad_token_id=0,
 )
-# family -> (transformers config class, model class, config overrides, whether native.c's whole-stack forward
-# runs it; where not, the layers run op by op on the native kernels and the load says so once).
-FAMILIES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", {}, True),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6), True),
-    "qwen2-tied-window-off": (
+
+
+class Case(NamedTuple):
+    config_class: str  # transformers' classes that build and save the checkpoint
+    model_class: str
+    overrides: dict  # on TINY
+    # native.c's whole-stack forward runs it; where not, the layers run op by op on the native kernels (logged)
+    has_native_forward: bool = True
+    # ops with no native kernel, run through the torch reference on the native backend (logged)
+    has_reference_only_ops: bool = False
+
+
+# Sliding windows as long as the context (256) attend as full attention; shorter ones are refused (see below).
+CASES = {
+    "llama": Case("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": Case("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6)),
+    "qwen2-tied-window-off": Case(
         "Qwen2Config",
         "Qwen2ForCausalLM",
         # Qwen2.5's own configs name a window but switch it off.
         dict(tie_word_embeddings=True, use_sliding_window=False, sliding_window=32, max_window_layers=1),
-        True,
     ),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6), False),
-    "qwen3-bias-mqa": (
+    "qwen3": Case("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6), has_native_forward=False),
+    "qwen3-bias-mqa": Case(
         "Qwen3Config",
         "Qwen3ForCausalLM",
         dict(head_dim=24, num_key_value_heads=1, attention_bias=True),
-        False,
+        has_native_forward=False,
     ),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=4), True),
-    "phi3-gqa": ("Phi3Config", "Phi3ForCausalLM", dict(), True),
+    "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=4)),
+    "phi3-gqa": Case("Phi3Config", "Phi3ForCausalLM", dict()),
+    "gemma2": Case(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        # Caps low enough to bend these small scores and logits.
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=256,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        ),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),  # fmt: skip
+    "gemma3-text": Case(
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(head_dim=32, sliding_window=256, layer_types=["sliding_attention", "full_attention"]),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),
 }
 BACKENDS = ["reference", "native"]
 PROMPT_LENGTHS = [1, 3, 8, 13, 22]
@@ -82,19 +115,30 @@ def make_checkpoint(out_dir: Path, config_class: str, model_class: str, override
     return out_dir
 
 
+class Checkpoint(NamedTuple):
+    model_dir: Path
+    greedy: list[list[int]]  # transformers' greedy outputs for prompts_for(name)
+    logits: torch.Tensor  # [len(last prompt), vocab] float32: transformers' logits over the last prompt
+
+
 @pytest.fixture(scope="module")
 def family_checkpoint(tmp_path_factory):
-    built: dict[str, tuple[Path, list[list[int]]]] = {}
+    built: dict[str, Checkpoint] = {}
 
-    def make(name: str) -> tuple[Path, list[list[int]]]:
-        """(checkpoint dir, transformers' greedy outputs for the prompts) of the family, built once per module."""
+    def make(name: str) -> Checkpoint:
+        """The family's checkpoint and what transformers makes of it, built once per module."""
         if name not in built:
-            config_class, model_class, overrides, _ = FAMILIES[name]
-            model_dir = make_checkpoint(tmp_path_factory.mktemp(name), config_class, model_class, overrides)
+            case = CASES[name]
+            model_dir = make_checkpoint(
+                tmp_path_factory.mktemp(name), case.config_class, case.model_class, case.overrides
+            )
             from transformers import AutoModelForCausalLM
 
             hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-            built[name] = (model_dir, hf_greedy(hf_model, prompts_for(name), NUM_NEW_TOKENS))
+            prompts = prompts_for(name)
+            with torch.no_grad():
+                logits = hf_model(torch.tensor([prompts[-1]])).logits[0].float()
+            built[name] = Checkpoint(model_dir, hf_greedy(hf_model, prompts, NUM_NEW_TOKENS), logits)
         return built[name]
 
     return make
@@ -107,21 +151,26 @@ def prompts_for(name: str) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", list(CASES))
 def test_greedy_matches_transformers_for_each_family(family_checkpoint, name, backend, caplog):
     if backend == "native" and native.library() is None:
         pytest.skip(native.unavailable_reason())
-    model_dir, expected = family_checkpoint(name)
+    model_dir, expected, _ = family_checkpoint(name)
+    case = CASES[name]
     # "native" is what a float32 model on a CPU is served with: kernels "auto", every linear packed for native.c.
-    lm = load_model(model_dir, device="cpu", kernels="auto" if backend == "native" else "reference")
-    assert lm.model.ops.backend == backend
-    if backend == "native":
-        with caplog.at_level(logging.INFO, logger="inferfleet_runtime"):
+    with caplog.at_level(logging.INFO, logger="inferfleet_runtime"):
+        lm = load_model(model_dir, device="cpu", kernels="auto" if backend == "native" else "reference")
+        if backend == "native":
             pack_linears(lm.model)
-        has_whole_stack = FAMILIES[name][3]
-        assert (lm.model.native_weights is not None) == has_whole_stack
-        fallbacks = [r.getMessage() for r in caplog.records if "op by op" in r.getMessage()]
-        assert len(fallbacks) == (0 if has_whole_stack else 1), fallbacks
+    assert lm.model.ops.backend == backend
+    messages = [record.getMessage() for record in caplog.records]
+    if backend == "native":
+        assert (lm.model.native_weights is not None) == case.has_native_forward
+    # Each fallback is said once, at load, and only where there is one.
+    op_by_op = [m for m in messages if "op by op" in m]
+    assert len(op_by_op) == (backend == "native" and not case.has_native_forward), messages
+    reference_ops = [m for m in messages if "torch reference ops for" in m]
+    assert len(reference_ops) == (backend == "native" and case.has_reference_only_ops), messages
     got = greedy_paged(lm.model, prompts_for(name), NUM_NEW_TOKENS, block_size=4, chunk_size=5)
     assert truncate_after_eos(got, lm.config.eos_token_ids) == expected
     # The reference must not be degenerate, or the comparison would prove little.
@@ -129,14 +178,31 @@ def test_greedy_matches_transformers_for_each_family(family_checkpoint, name, ba
     assert sum(len(out) for out in expected) >= 0.8 * NUM_NEW_TOKENS * len(PROMPT_LENGTHS)
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", list(CASES))
+@torch.inference_mode()
+def test_logits_match_transformers_for_each_family(family_checkpoint, name):
+    # Greedy tokens cannot see what keeps the argmax (Gemma 2's final soft-capping): the logits can.
+    checkpoint = family_checkpoint(name)
+    lm = load_model(checkpoint.model_dir, device="cpu", kernels="reference")
+    prompt, block_size = prompts_for(name)[-1], 4
+    num_blocks = -(-len(prompt) // block_size)
+    kv_caches = allocate_kv_cache(lm.config, num_blocks + 1, block_size, torch.device("cpu"))
+    meta, positions = build_attention_metadata(
+        [list(range(1, num_blocks + 1))], [len(prompt)], [len(prompt)], block_size
+    )
+    hidden = lm.model(torch.tensor(prompt), positions, PagedAttention(kv_caches, meta, lm.model.ops))
+    torch.testing.assert_close(lm.model.compute_logits(hidden), checkpoint.logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CASES))
 def test_config_json_picks_the_family(family_checkpoint, name):
-    model_dir, _ = family_checkpoint(name)
+    model_dir = family_checkpoint(name).model_dir
     hf = json.loads((model_dir / "config.json").read_text())
-    assert ModelConfig.from_dir(model_dir).family == hf["model_type"]
+    family = ModelConfig.from_dir(model_dir).family
+    assert FAMILIES[hf["model_type"]].name == family
     # A config.json without model_type is read by its architectures.
     del hf["model_type"]
-    assert ModelConfig.from_hf(hf).family == json.loads((model_dir / "config.json").read_text())["model_type"]
+    assert ModelConfig.from_hf(hf).family == family
 
 
 def test_unsupported_family_is_refused_naming_the_supported_ones():
@@ -144,7 +210,7 @@ def test_unsupported_family_is_refused_naming_the_supported_ones():
     with pytest.raises(ConfigError) as refused:
         ModelConfig.from_hf(hf)
     assert str(refused.value) == f"model_type 'gpt2' is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-    assert {"llama", "qwen2", "qwen3", "phi3"} <= set(SUPPORTED_MODEL_TYPES)
+    assert {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 @pytest.mark.parametrize(
@@ -153,6 +219,8 @@ def test_unsupported_family_is_refused_naming_the_supported_ones():
         ("qwen2", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0)),
         ("qwen3", dict(layer_types=["full_attention", "sliding_attention"], sliding_window=32)),
         ("phi3", dict(sliding_window=32)),
+        ("gemma2", dict(sliding_window=32)),
+        ("gemma3_text", dict(sliding_window=32, layer_types=["sliding_attention", "full_attention"])),
     ],
 )
 def test_a_window_shorter_than_the_context_is_refused(family, change):

@@ -34,7 +34,7 @@ _TRACED_SOURCES = [
     _RUNTIME / "compiled" / "step.py",
     *sorted((_RUNTIME / "models").glob("*.py")),
     *sorted((_RUNTIME / "layers").glob("*.py")),
-    *(_RUNTIME / "kernels" / f"{name}.py" for name in ("rms_norm", "rotary", "activation")),
+    *(_RUNTIME / "kernels" / f"{name}.py" for name in ("rms_norm", "rotary", "activation", "paged_attention")),
 ]
 
 

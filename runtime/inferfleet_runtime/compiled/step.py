@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inferfleet_runtime.kernels.paged_attention import softcapped_attention
+
 
 class StaticSlotAttention:
     """One step's attention over static KV slots for a [B, L] grid of new tokens (row b: slot slot_ids[b]).
@@ -42,27 +44,35 @@ class StaticSlotAttention:
         self.new_kv: list[torch.Tensor] = []  # per layer [2, B, L, Hkv, D]
 
     def forward(
-        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self,
+        layer_index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         assert layer_index == len(self.new_kv), "layers run in order, once each"
         num_tokens, num_heads, head_dim = q.shape
-        batch, length, num_kv_heads = self.batch, self.length, k.shape[1]
+        batch, length, num_kv_heads, dtype = self.batch, self.length, k.shape[1], q.dtype
         k = k.view(batch, length, num_kv_heads, head_dim)  # [B, L, Hkv, D]
         v = v.view(batch, length, num_kv_heads, head_dim)
         self.new_kv.append(torch.stack((k, v)))
         keys = torch.cat((self.cache[layer_index, 0], k), dim=1)  # [B, C + L, Hkv, D]
         values = torch.cat((self.cache[layer_index, 1], v), dim=1)
-        group = num_heads // num_kv_heads
-        if group > 1:  # each kv head serves `group` query heads
-            keys, values = keys.repeat_interleave(group, dim=2), values.repeat_interleave(group, dim=2)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.view(batch, length, num_heads, head_dim).float().transpose(1, 2),
-            keys.float().transpose(1, 2),
-            values.float().transpose(1, 2),
-            attn_mask=self.mask[:, None],
-            scale=scale,
-        )  # [B, Hq, L, D]
-        return out.transpose(1, 2).reshape(num_tokens, num_heads, head_dim).to(q.dtype)
+        q = q.view(batch, length, num_heads, head_dim).float().transpose(1, 2)  # [B, Hq, L, D]
+        keys, values = keys.float().transpose(1, 2), values.float().transpose(1, 2)  # [B, Hkv, C + L, D]
+        if softcap is not None:
+            bias = torch.zeros(self.mask.shape, device=q.device).masked_fill(~self.mask, float("-inf"))[:, None]
+            out = softcapped_attention(q, keys, values, bias, scale, softcap)
+        else:
+            group = num_heads // num_kv_heads
+            if group > 1:  # each kv head serves `group` query heads
+                keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, keys, values, attn_mask=self.mask[:, None], scale=scale
+            )  # [B, Hq, L, D]
+        return out.transpose(1, 2).reshape(num_tokens, num_heads, head_dim).to(dtype)
 
 
 class StaticStep(nn.Module):

@@ -1,6 +1,7 @@
-"""SiLU-and-mul, the gated activation of Llama-style MLPs.
+"""SiLU-and-mul, the gated activation of Llama-style MLPs (and GeGLU-tanh, Gemma's, as a torch reference only).
 
-Math: for x [T, 2I], out[t, i] = silu(x[t, i]) * x[t, I + i], silu(a) = a * sigmoid(a), in float32.
+Math: for x [T, 2I], out[t, i] = silu(x[t, i]) * x[t, I + i], silu(a) = a * sigmoid(a), in float32;
+GeGLU-tanh puts gelu_tanh(a) = a / 2 * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 a^3))) in place of silu.
 Layouts: x [T, 2I] (last dim contiguous), out [T, I] contiguous.
 Memory traffic: reads 2*T*I, writes T*I elements. Grid: (T, ceil(I / BLOCK)).
 """
@@ -16,6 +17,12 @@ def silu_and_mul_reference(x):
     """The spec: silu(x[:, :I]) * x[:, I:]."""
     gate, up = x.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+
+
+def gelu_tanh_and_mul_reference(x):
+    """gelu_tanh(x[:, :I]) * x[:, I:] (the spec, and the only implementation: every backend runs it)."""
+    gate, up = x.float().chunk(2, dim=-1)
+    return (torch.nn.functional.gelu(gate, approximate="tanh") * up).to(x.dtype)
 
 
 tl = None  # triton.language, bound at first launch (see _triton.TritonKernel)

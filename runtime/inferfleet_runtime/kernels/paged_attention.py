@@ -131,25 +131,39 @@ def paged_attention_reference(
     max_query_len=1,
     max_seq_len=None,
     layout: ReferenceLayout | None = None,
+    softcap: float | None = None,
 ):
     """The spec. Vectorised over sequences: gathers each sequence's blocks (whole blocks, one copy of
     block_size * Hkv * D elements each), pads to the longest of its group (decodes, or prefill chunks).
 
     layout: `reference_layout(...)` of these block tables and lengths, when the caller shares one across layers.
+    softcap: scores become tanh(scores / softcap) * softcap before the mask and softmax (Gemma 2); only this
+    reference implements it.
     """
     if query.shape[0] == 0:
         return torch.empty_like(query)
     if layout is None:
         layout = reference_layout(block_tables, seq_lens, key_cache.shape[1], query_start_loc, max_seq_len)
     if len(layout.groups) == 1:
-        return _attend_group(query, key_cache, value_cache, scale, layout.groups[0])
+        return _attend_group(query, key_cache, value_cache, scale, layout.groups[0], softcap)
     out = torch.empty_like(query)
     for group in layout.groups:
-        out[group.tokens] = _attend_group(query[group.tokens], key_cache, value_cache, scale, group)
+        out[group.tokens] = _attend_group(query[group.tokens], key_cache, value_cache, scale, group, softcap)
     return out
 
 
-def _attend_group(query, key_cache, value_cache, scale, group: ReferenceGroup):
+def softcapped_attention(q, k, v, bias, scale: float, softcap: float) -> torch.Tensor:
+    """SDPA's math with soft-capped scores: q [B, Hq, Q, D], k and v [B, Hkv, K, D] (float32), bias broadcastable
+    to [B, Hq, Q, K] (0 or -inf) -> [B, Hq, Q, D]."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:  # each kv head serves `group` query heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, Hq, Q, K]
+    scores = torch.tanh(scores / softcap) * softcap + bias
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
+def _attend_group(query, key_cache, value_cache, scale, group: ReferenceGroup, softcap: float | None = None):
     """query [group tokens, Hq, D] -> out like it: one SDPA call over the group's gathered blocks."""
     num_q_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[2]
@@ -163,14 +177,13 @@ def _attend_group(query, key_cache, value_cache, scale, group: ReferenceGroup):
     else:
         q = query.new_zeros(num_seqs, max_q, num_q_heads, head_dim)
         q[group.seq_of_token, group.row_of_token] = query
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(1, 2),
-        k.float().transpose(1, 2),
-        v.float().transpose(1, 2),
-        attn_mask=group.mask,
-        scale=scale,
-        enable_gqa=num_q_heads != num_kv_heads,
-    )  # [num_seqs, Hq, max_q, D]
+    q, k, v = q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2)
+    if softcap is None:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=num_q_heads != num_kv_heads
+        )  # [num_seqs, Hq, max_q, D]
+    else:
+        out = softcapped_attention(q, k, v, group.mask, scale, softcap)
     if group.seq_of_token is None:
         return out[:, :, 0].to(query.dtype)
     return out.transpose(1, 2)[group.seq_of_token, group.row_of_token].to(query.dtype)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..config import ConfigError, ModelConfig
 from ..kernels import KernelOps
-from . import llama, phi3, qwen2, qwen3
+from . import gemma, llama, phi3, qwen2, qwen3
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("qwen2", ("Qwen2ForCausalLM",), llama.LlamaModel, qwen2.config_fields),
     "qwen3": Family("qwen3", ("Qwen3ForCausalLM",), llama.LlamaModel, qwen3.config_fields),
     "phi3": Family("phi3", ("Phi3ForCausalLM",), llama.LlamaModel, phi3.config_fields),
+    "gemma2": Family("gemma2", ("Gemma2ForCausalLM",), gemma.GemmaModel, gemma.gemma2_config_fields),
+    "gemma3_text": Family("gemma3_text", ("Gemma3ForCausalLM",), gemma.GemmaModel, gemma.gemma3_config_fields),
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 FAMILIES_BY_NAME = {family.name: family for family in FAMILIES.values()}

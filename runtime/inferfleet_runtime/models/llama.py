@@ -44,12 +44,14 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_class: type[nn.Module] = DecoderLayer  # a family with another layer order names its own
+
     def __init__(self, config: ModelConfig, ops: KernelOps):
         super().__init__()
         self.config, self.ops = config, ops
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, ops, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.layers = nn.ModuleList(self.layer_class(config, ops, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops, config.norm_offset)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
