@@ -14,6 +14,7 @@ import torch
 from inferfleet_runtime.sequence import Logprob, Sequence
 
 MAX_LOGPROBS = 20
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily
 _SEED_STRIDE = 0x9E3779B1  # choice i of a seeded request draws with seed + i * stride
 
 
@@ -61,7 +62,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        # Below GREEDY_TEMPERATURE, logits / temperature overflows float32 to inf and the draw is undefined: such a
+        # temperature asks for the most likely token, which is what greedy gives.
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

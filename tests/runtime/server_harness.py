@@ -40,8 +40,9 @@ def running_server(
     wait_ready: bool = True,
     api_keys=None,
     protect_metrics: bool = False,
+    **state_fields,
 ):
-    state, load = build_state(make_runner, config, served_model_name, api_keys, protect_metrics)
+    state, load = build_state(make_runner, config, served_model_name, api_keys, protect_metrics, **state_fields)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state, load), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from inferfleet_runtime.engine import CompletionOutput, ContextLengthError, RequestOutput
@@ -26,6 +27,7 @@ from inferfleet_runtime.server.protocol import ChatCompletionRequest, Completion
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
+MAX_BODY_BYTES = 8 << 20  # default request body limit (a 128k-token prompt as ids is about 1 MiB of JSON)
 
 
 class APIError(Exception):
@@ -52,6 +54,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     api_keys: ApiKeys | None = None  # None: the OpenAI endpoints are open
     protect_metrics: bool = False  # /metrics asks for a key too (then scrapers need one)
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None) -> FastAPI:
@@ -67,6 +70,7 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
 
     app = FastAPI(title="inferfleet runtime", lifespan=lifespan)
     app.state.server = state
+    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):
@@ -74,11 +78,13 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request body"}
-        loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_type_tag(part)]
-        param = ".".join(loc) or None
-        message = f"{param}: {first['msg']}" if param else str(first["msg"])
-        return _error_response(APIError(400, message, param=param))
+        return _error_response(_validation_error(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException):
+        # Routing (404, 405) and body reading (413, 400) errors, in OpenAI's shape like every other error.
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error_response(APIError(exc.status_code, str(exc.detail), type_, headers=exc.headers))
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
@@ -119,7 +125,7 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         engine = _serving_engine(state, body.model)
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        prompt_ids = [_encode(engine, p) for p in body.prompts()]
+        prompt_ids = await asyncio.to_thread(lambda: [_encode(engine, p) for p in body.prompts()])
         if not prompt_ids:
             raise APIError(400, "prompt must not be empty", param="prompt")
         params = _params(body.sampling_params, body.max_tokens, body.logprobs)
@@ -137,13 +143,14 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         engine = _serving_engine(state, body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         tokenizer = engine.engine.tokenizer
+        # Rendering and tokenizing a large conversation takes a while: a worker thread does it, not the event loop.
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            text = await asyncio.to_thread(tokenizer.apply_chat_template, messages, add_generation_prompt=True)
         except Exception as exc:  # template errors are the request's fault (e.g. unsupported roles)
             raise APIError(
                 400, f"messages could not be rendered with the chat template: {exc}", param="messages"
             ) from exc
-        prompt_ids = [tokenizer.encode(text, add_special_tokens=False)]
+        prompt_ids = [await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)]
         params = _params(body.sampling_params, body.resolved_max_tokens, body.num_logprobs)
         return await _respond(
             engine, request, body, prompt_ids, params, ChatFormat(state.served_model_name, engine.engine.tokenizer)
@@ -158,6 +165,55 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "json_inval
 def _is_type_tag(part) -> bool:
     """Whether a pydantic error location part names a union member (e.g. "list[str]"), not a field."""
     return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or part.startswith("function-"))
+
+
+class BodyTooLarge(StarletteHTTPException):
+    def __init__(self, max_bytes: int):
+        super().__init__(413, f"The request body is larger than this server's limit of {max_bytes} bytes.")
+
+
+class BodyLimit:
+    """ASGI middleware: a body over max_bytes is refused with 413, by its Content-Length before any of it is read,
+    or (chunked) as soon as the bytes received pass the limit; a body is never read whole before the check."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await _error_response(APIError(413, BodyTooLarge(self.max_bytes).detail))(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)  # FastAPI passes HTTPExceptions to their handler
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _validation_error(errors: list[dict]) -> APIError:
+    """One 400 naming the field from pydantic's errors: the first that is not a mere type mismatch of one union
+    member (a lone surrogate or an over-long list says more than "Input should be a valid string")."""
+    if not errors:
+        return APIError(400, "invalid request body")
+    first = next((e for e in errors if not e.get("type", "").endswith("_type")), errors[0])
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+    param = ".".join(loc) or None
+    kind = first.get("type")
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param)
+    if kind == "unsupported_parameter":
+        return APIError(400, f"{param} is not supported by this server", param=param, code="unsupported_parameter")
+    message = f"{param}: {first['msg']}" if param else str(first["msg"])
+    return APIError(400, message, param=param)
 
 
 def _load_engine(state: ServerState, load: Callable[[], AsyncEngine]) -> None:

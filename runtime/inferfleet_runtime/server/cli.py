@@ -68,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--protect-metrics", action="store_true", help="/metrics needs an API key too (/health and /ready never do)"
     )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=_bytes,
+        default=None,
+        metavar="BYTES",
+        help="larger request bodies are refused with 413 (default 8MiB)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -128,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
         default_name = engine_dir.name
     name = args.served_model_name or default_name
-    serve(make_runner, config, name, args.host, args.port, args.log_level, api_keys, args.protect_metrics)
+    limits = {"max_body_bytes": args.max_request_bytes} if args.max_request_bytes else {}
+    serve(make_runner, config, name, args.host, args.port, args.log_level, api_keys, args.protect_metrics, **limits)
     return 0
 
 
@@ -141,6 +149,7 @@ def serve(
     log_level: str = "info",
     api_keys=None,
     protect_metrics: bool = False,
+    **state_fields,
 ) -> None:
     """Starts uvicorn at once (/health answers, /ready says 503) and loads the model in the background."""
     import uvicorn
@@ -148,7 +157,7 @@ def serve(
     from inferfleet_runtime.server.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    state, load = build_state(make_runner, config, served_model_name, api_keys, protect_metrics)
+    state, load = build_state(make_runner, config, served_model_name, api_keys, protect_metrics, **state_fields)
     if api_keys is not None:
         logging.getLogger(__name__).info(
             "Required an API key on /v1/*%s (%d key(s))", " and /metrics" if protect_metrics else "", len(api_keys.keys)
@@ -156,7 +165,9 @@ def serve(
     uvicorn.run(create_app(state, load), host=host, port=port, log_level=log_level)
 
 
-def build_state(make_runner, config: EngineConfig, served_model_name: str, api_keys=None, protect_metrics=False):
+def build_state(
+    make_runner, config: EngineConfig, served_model_name: str, api_keys=None, protect_metrics=False, **state_fields
+):
     """(ServerState, load) for create_app: load() builds the runner, engine and engine thread."""
     from inferfleet_runtime.async_engine import AsyncEngine
     from inferfleet_runtime.engine import LLMEngine
@@ -168,6 +179,7 @@ def build_state(make_runner, config: EngineConfig, served_model_name: str, api_k
         metrics=ServerMetrics(served_model_name),
         api_keys=api_keys,
         protect_metrics=protect_metrics,
+        **state_fields,
     )
 
     def load() -> AsyncEngine:
