@@ -32,16 +32,23 @@ TINY_LLAMA = dict(
 )
 
 
-def make_tiny_llama(out_dir: Path, seed: int = 0, max_shard_size: str | None = None, **overrides) -> Path:
-    """Saves a random-weight transformers LlamaForCausalLM (plus a small tokenizer) to out_dir."""
+def make_tiny_llama(
+    out_dir: Path,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    classes: tuple[str, str] = ("LlamaConfig", "LlamaForCausalLM"),
+    **overrides,
+) -> Path:
+    """Saves a random-weight transformers LlamaForCausalLM, or the (config, model) classes named (another family
+    of the same shape), plus a small tokenizer, to out_dir."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     from inferfleet_runtime import demo_text
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**{**TINY_LLAMA, **overrides})
-    model = LlamaForCausalLM(config).eval()
+    config = getattr(transformers, classes[0])(**{**TINY_LLAMA, **overrides})
+    model = getattr(transformers, classes[1])(config).eval()
     with torch.no_grad():  # default init is tiny; wider weights give less flat logits (fewer argmax near-ties)
         for param in model.parameters():
             if param.dim() == 2:

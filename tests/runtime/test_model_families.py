@@ -57,12 +57,11 @@ CASES = {
         # Qwen2.5's own configs name a window but switch it off.
         dict(tie_word_embeddings=True, use_sliding_window=False, sliding_window=32, max_window_layers=1),
     ),
-    "qwen3": Case("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6), has_native_forward=False),
+    "qwen3": Case("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6)),
     "qwen3-bias-mqa": Case(
         "Qwen3Config",
         "Qwen3ForCausalLM",
         dict(head_dim=24, num_key_value_heads=1, attention_bias=True),
-        has_native_forward=False,
     ),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=4)),
     "phi3-gqa": Case("Phi3Config", "Phi3ForCausalLM", dict()),

@@ -416,7 +416,8 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
  * one region (and one wake-up of sleeping threads) per op, and with no Python between the ops. Per layer:
  *   normed = rms_norm(residual)              each thread its own copy (no barrier; T x H is small)
  *   qkv = normed Wqkv                        threads split the weight's panels
- *   rotary of q; rotary of k into the cache at the token's slot; v into the cache
+ *   rotary of q; rotary of k into the cache at the token's slot; v into the cache (each q and k head first
+ *   RMS-normalised over D where the layer has q_norm / k_norm)
  *                                            threads split (token, kv head) pairs
  *   attn = attention over the cache          threads take (token, kv head group) pairs in turn
  *   residual += attn Wo                      the o projection's store adds into the residual stream
@@ -425,6 +426,7 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
  * next norm's fused residual add did (x + r == r + x in IEEE arithmetic), so the result equals the op-by-op path. */
 typedef struct {
     const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
+    const float *q_norm, *k_norm; /* [D] each, or NULL: every head of q and of k RMS-normalised before RoPE (Qwen3) */
 } inferfleet_layer;
 
 typedef struct {
@@ -508,9 +510,15 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
             for (int64_t i = first; i < last; i++) {
                 const int64_t t = i / Hkv, g = i % Hkv;
                 const float *row = qkv + t * nqkv, *cos_sin = m->cos_sin + positions[t] * D;
-                for (int64_t h = g * group; h < (g + 1) * group; h++)
-                    rotate_head(row + h * D, q_rot + (t * Hq + h) * D, cos_sin, D / 2);
-                rotate_head(row + q + g * D, key_cache + slots[t] * kv + g * D, cos_sin, D / 2);
+                float head[D]; /* a normalised head: inferfleet_rms_norm over one row, as the op-by-op path does */
+                for (int64_t h = g * group; h < (g + 1) * group; h++) {
+                    const float *x = row + h * D;
+                    if (w->q_norm) inferfleet_rms_norm(x, D, NULL, w->q_norm, head, NULL, 1, D, m->eps);
+                    rotate_head(w->q_norm ? head : x, q_rot + (t * Hq + h) * D, cos_sin, D / 2);
+                }
+                const float *k = row + q + g * D;
+                if (w->k_norm) inferfleet_rms_norm(k, D, NULL, w->k_norm, head, NULL, 1, D, m->eps);
+                rotate_head(w->k_norm ? head : k, key_cache + slots[t] * kv + g * D, cos_sin, D / 2);
                 memcpy(value_cache + slots[t] * kv + g * D, row + q + kv + g * D, sizeof(float) * D);
             }
             spin_barrier_wait(&barrier, nth);

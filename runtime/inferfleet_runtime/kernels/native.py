@@ -257,6 +257,8 @@ LAYER_WEIGHTS = (
     "gate_up_bias",
     "down",
     "down_bias",
+    "q_norm",
+    "k_norm",
 )
 
 
@@ -275,7 +277,7 @@ class _Model(ctypes.Structure):
 
 class DecoderWeights:
     """A Llama decoder stack as `forward` reads it: the layers' tensors by the names of LAYER_WEIGHTS (linears
-    packed by `pack_linear`, biases None when absent), the embedding [V, H], the final norm's weight and the RoPE
+    packed by `pack_linear`; biases and the q/k norms None when absent), the embedding [V, H], the final norm's weight and the RoPE
     table [positions, D]. Holds every tensor it points C at, so none is freed while it lives."""
 
     def __init__(self, *, layers: list[dict], embed, final_norm, cos_sin, num_q_heads, num_kv_heads, head_dim,

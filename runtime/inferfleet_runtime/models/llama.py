@@ -68,7 +68,7 @@ class LlamaModel(nn.Module):
 
     def native_forward_gaps(self) -> list[str]:
         """What of this model native.c's whole-stack forward cannot compute (empty when it runs all of it)."""
-        return ["per-head q/k RMSNorm"] if self.config.qk_norm else []
+        return []
 
     def enable_native_forward(self) -> None:
         """Serves paged steps through native.forward once every linear is a NativeLinear (layers.pack_linears
@@ -123,6 +123,8 @@ def native_decoder_weights(model: LlamaModel) -> native.DecoderWeights:
             "gate_up_bias": layer.mlp.gate_up_proj.bias,
             "down": packed(layer.mlp.down_proj),
             "down_bias": layer.mlp.down_proj.bias,
+            "q_norm": None if layer.self_attn.q_norm is None else layer.self_attn.q_norm.weight.detach(),
+            "k_norm": None if layer.self_attn.k_norm is None else layer.self_attn.k_norm.weight.detach(),
         }
         for layer in model.layers
     ]

@@ -248,6 +248,7 @@ FORWARD_CONFIGS = {
     "gqa": dict(num_attention_heads=4, num_key_value_heads=2),
     "mqa-bias-wide-heads": dict(num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True),
     "head-dim-64": dict(num_attention_heads=2, num_key_value_heads=2, hidden_size=128),
+    "qwen3-qk-norm": dict(classes=("Qwen3Config", "Qwen3ForCausalLM"), head_dim=32, attention_bias=True),
 }
 
 
