@@ -14,12 +14,15 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-from inferfleet_runtime.engine import EngineStats, LLMEngine, RequestOutput
+from inferfleet_runtime.engine import EngineStats, LLMEngine, RequestOutput, StepError
 from inferfleet_runtime.metrics import ServerMetrics
 from inferfleet_runtime.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5
+# Steps in a row that may fail before the engine counts as broken (/health then answers 503, so the liveness
+# probe restarts the pod): one bad batch fails its own requests, a device that fails every batch stops the engine.
+MAX_FAILED_STEPS_IN_A_ROW = 3
 
 
 def cpu_engine_threads() -> int:
@@ -44,6 +47,10 @@ class QueueFullError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped on an error; the server cannot serve."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed while running a batch that held this request; the engine itself goes on."""
 
 
 class AsyncEngine:
@@ -140,6 +147,7 @@ class AsyncEngine:
             import torch
 
             torch.set_num_threads(cpu_engine_threads())  # per thread: this is the thread that runs the model
+        failed_in_a_row = 0
         try:
             while not self._stopping:
                 self._apply_commands()
@@ -148,7 +156,15 @@ class AsyncEngine:
                     self._wakeup.wait(IDLE_WAIT_S)
                     self._wakeup.clear()
                     continue
-                outputs = self.engine.step()
+                try:
+                    outputs = self.engine.step()
+                except StepError as exc:
+                    failed_in_a_row += 1
+                    if failed_in_a_row >= MAX_FAILED_STEPS_IN_A_ROW:
+                        raise
+                    self._fail_requests(exc)
+                    continue
+                failed_in_a_row = 0
                 self._publish_stats()
                 self._deliver_all(outputs)
         except BaseException as exc:  # the loop must report why it died to every waiting client
@@ -156,6 +172,16 @@ class AsyncEngine:
             self.error = exc
             for request_id in list(self._streams):
                 self._deliver(request_id, EngineDeadError(f"the engine stopped: {exc!r}"))
+
+    def _fail_requests(self, exc: StepError) -> None:
+        """Ends the requests of a failed batch (their blocks are freed) and tells their clients why."""
+        log.error("Failed %d request(s) whose batch raised %r; the engine goes on", len(exc.request_ids), exc.cause)
+        for request_id in exc.request_ids:
+            self.engine.abort_request(request_id)
+            self._deliver(
+                request_id, RequestFailedError(f"the engine failed while running this request: {exc.cause!r}")
+            )
+        self._publish_stats()
 
     def _apply_commands(self) -> None:
         while True:

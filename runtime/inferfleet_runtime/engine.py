@@ -16,6 +16,16 @@ from inferfleet_runtime.scheduler import ScheduledBatch, Scheduler
 from inferfleet_runtime.sequence import FinishReason, Logprob, Sequence
 
 
+class StepError(RuntimeError):
+    """Running one step's batch failed: the requests in it cannot go on; the engine's own state is intact (their
+    blocks are still theirs until they are aborted), so the other requests can."""
+
+    def __init__(self, request_ids: list[str], cause: BaseException):
+        super().__init__(f"the engine failed on a batch of {len(request_ids)} request(s): {cause!r}")
+        self.request_ids = request_ids
+        self.cause = cause
+
+
 class ContextLengthError(ValueError):
     """A request asks for more tokens than the context holds."""
 
@@ -157,7 +167,10 @@ class LLMEngine:
     # -- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
-        sampled = self.runner.execute(batch)
+        try:
+            sampled = self.runner.execute(batch)
+        except Exception as exc:  # the model or a kernel failed on this batch; the scheduler has not committed it
+            raise StepError(list(dict.fromkeys(seq.request_id for seq in batch.seqs)), exc) from exc
         return self._postprocess(batch, sampled)
 
     def generate(

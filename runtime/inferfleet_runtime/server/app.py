@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestFailedError
 from inferfleet_runtime.engine import CompletionOutput, ContextLengthError, RequestOutput
 from inferfleet_runtime.metrics import ServerMetrics
 from inferfleet_runtime.server.auth import ApiKeys
@@ -305,6 +305,8 @@ async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list
         choices, num_prompt, num_completion = collect.result()
     except EngineDeadError as exc:
         raise APIError(503, str(exc), "ServiceUnavailable") from exc
+    except RequestFailedError as exc:  # its batch failed; the engine serves on
+        raise APIError(500, str(exc), "server_error") from exc
     except ValueError as exc:  # refused by the engine itself
         raise APIError(400, str(exc)) from exc
     return fmt.response(request_id, choices, num_prompt, num_completion)
