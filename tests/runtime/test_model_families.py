@@ -13,6 +13,7 @@ import torch
 
 from inferfleet_runtime import demo_text
 from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
+from inferfleet_runtime.compiled.step import StaticStep
 from inferfleet_runtime.config import ConfigError, ModelConfig
 from inferfleet_runtime.kernels import native
 from inferfleet_runtime.layers.linear import pack_linears
@@ -191,6 +192,24 @@ def test_logits_match_transformers_for_each_family(family_checkpoint, name):
     )
     hidden = lm.model(torch.tensor(prompt), positions, PagedAttention(kv_caches, meta, lm.model.ops))
     torch.testing.assert_close(lm.model.compute_logits(hidden), checkpoint.logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@torch.inference_mode()
+def test_compiled_engines_static_step_matches_transformers_for_each_family(family_checkpoint, name):
+    # What the compiled engine exports (StaticStep over static KV slots), run eagerly: a prompt prefilled in two
+    # padded chunks, the second over the first one's cached keys and values.
+    checkpoint = family_checkpoint(name)
+    lm = load_model(checkpoint.model_dir, device="cpu", kernels="reference")
+    c, prompt, bucket, context = lm.config, prompts_for(name)[-1], 16, 32
+    step = StaticStep(lm.model, context).eval()
+    kv = torch.zeros(c.num_layers, 2, 1, context, c.num_kv_heads, c.head_dim)
+    for start in range(0, len(prompt), bucket):
+        piece = prompt[start : start + bucket]
+        ids = torch.tensor([piece + [0] * (bucket - len(piece))])
+        logits, new_kv = step(ids, torch.tensor([start]), torch.tensor([len(piece)]), torch.tensor([0]), kv)
+        kv[:, :, 0, start : start + len(piece)] = new_kv[:, :, 0, : len(piece)]
+    torch.testing.assert_close(logits[0], checkpoint.logits[-1], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", list(CASES))
