@@ -41,8 +41,5 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, Hkv, D]
         q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
-        if self.softcap is None:
-            out = attn.forward(self.layer_index, q, k, v, self.scale)  # [T, Hq, D]
-        else:
-            out = attn.forward(self.layer_index, q, k, v, self.scale, softcap=self.softcap)
+        out = attn.forward(self.layer_index, q, k, v, self.scale, self.softcap)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, hidden]
