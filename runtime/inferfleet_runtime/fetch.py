@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlparse
 
 from tqdm import tqdm
 
-from .fetch_common import CREDENTIALS_HINT, FetchError, verify_sizes, wrong_sizes
+from .fetch_common import CREDENTIALS_HINT, FetchError, target_path, verify_sizes, wrong_sizes
 from .termination import fail
 
 URI_FORMS = "file:///path/to/model, hf://org/name[@revision] or s3://bucket/prefix"
@@ -83,6 +83,10 @@ def _fetch_local(src: Path, to: Path, show_progress: bool) -> None:
     if not src.is_dir():
         raise FetchError(f"{src} is not a directory")
     files = sorted(p for p in src.rglob("*") if p.is_file())
+    root = src.resolve()
+    for path in files:  # a symlink may point anywhere on the node: only what stays inside the model folder is copied
+        if not path.resolve().is_relative_to(root):
+            raise FetchError(f"refusing {path}: it is a symlink to {path.resolve()}, outside {src}")
     sizes = {p.relative_to(src): p.stat().st_size for p in files}
     with tqdm(
         total=sum(sizes.values()),
@@ -93,7 +97,7 @@ def _fetch_local(src: Path, to: Path, show_progress: bool) -> None:
         file=sys.stderr,
     ) as bar:
         for rel, size in sizes.items():
-            dest = to / rel
+            dest = target_path(to, rel.as_posix())
             if dest.is_file() and dest.stat().st_size == size:  # finished by an earlier run
                 bar.update(size)
                 continue

@@ -1,5 +1,5 @@
-"""What every fetch source shares: its error, the credentials hint its messages give, and the size check of
-what it wrote."""
+"""What every fetch source shares: its error, the credentials hint its messages give, where a fetched file may land,
+and the size check of what it wrote."""
 
 from __future__ import annotations
 
@@ -26,3 +26,16 @@ def verify_sizes(to: Path, expected: dict[str, int]) -> None:
         raise FetchError(
             f"{to / name}: expected {expected[name]} bytes, found {'no file' if actual is None else actual}"
         )
+
+
+def target_path(to: Path, rel: str) -> Path:
+    """Where the source file named `rel` lands under `to`; FetchError for a name that would land anywhere else: an
+    absolute path, empty, `.` or `..` parts (`a//b`, `../x`), a NUL or a backslash, or a folder under `to` that is
+    a symlink leading out of it."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise FetchError(f"refusing the file name {rel!r}: it would be written outside the target {to}")
+    dest = to.joinpath(*parts)
+    if not dest.parent.resolve().is_relative_to(to.resolve()):
+        raise FetchError(f"refusing the file name {rel!r}: {dest.parent} leads outside the target {to}")
+    return dest

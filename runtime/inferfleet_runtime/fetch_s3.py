@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .fetch_common import CREDENTIALS_HINT, FetchError, verify_sizes
+from .fetch_common import CREDENTIALS_HINT, FetchError, target_path, verify_sizes
 
 CHUNK_BYTES = 1 << 20
 NUM_ATTEMPTS = 3  # per file, each resuming from what the previous one wrote
@@ -38,6 +38,7 @@ def fetch_s3(path: str, to: Path, show_progress: bool) -> None:
         sizes = _list(client, bucket, prefix + "/")
         if not sizes:
             raise FetchError(f"could not fetch {uri}: no objects under that prefix")
+        dests = {rel: target_path(to, rel) for rel in sizes}  # every key checked before any byte is written
         with tqdm(
             total=sum(sizes.values()),
             unit="B",
@@ -47,7 +48,7 @@ def fetch_s3(path: str, to: Path, show_progress: bool) -> None:
             file=sys.stderr,
         ) as bar:
             for rel, size in sizes.items():
-                _download(client, bucket, f"{prefix}/{rel}", to / rel, size, bar)
+                _download(client, bucket, f"{prefix}/{rel}", dests[rel], size, bar)
     except NoCredentialsError as exc:
         raise FetchError(
             f"could not fetch {uri}: no AWS credentials: set AWS_ACCESS_KEY_ID and "
@@ -84,8 +85,6 @@ def _list(client, bucket: str, prefix: str) -> dict[str, int]:
         for item in page.get("Contents", []):
             rel = item["Key"][len(prefix) :]
             if rel and not rel.endswith("/"):
-                if ".." in rel.split("/"):
-                    raise FetchError(f"refusing object key {item['Key']!r}: it would be written outside the target")
                 sizes[rel] = item["Size"]
     return dict(sorted(sizes.items()))
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from inferfleet_runtime import fetch
+from inferfleet_runtime import fetch, fetch_common
 
 from .hub_standin import COMMIT, HubStandIn
 
@@ -244,3 +244,33 @@ def test_gated_model_with_a_wrong_token_fails_without_printing_it(hub, tmp_path,
         " spec.model.credentialsSecret): check it is valid and has access"
     )
     assert "hf_wrong_secret_value" not in captured.err + captured.out
+
+
+@pytest.mark.parametrize("name", ["", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a\\..\\b", "a\0b"])
+def test_file_names_that_would_land_outside_the_target_are_refused(tmp_path, name):
+    with pytest.raises(fetch.FetchError, match="outside the target"):
+        fetch_common.target_path(tmp_path, name)
+
+
+def test_a_target_folder_that_is_a_symlink_out_of_the_target_is_refused(tmp_path):
+    (tmp_path / "to").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "to" / "sub").symlink_to(tmp_path / "elsewhere")
+    assert fetch_common.target_path(tmp_path / "to", "ok/config.json") == tmp_path / "to" / "ok" / "config.json"
+    with pytest.raises(fetch.FetchError, match="leads outside the target"):
+        fetch_common.target_path(tmp_path / "to", "sub/config.json")
+
+
+def test_file_uri_refuses_a_symlink_out_of_the_model_folder_and_copies_one_inside(demo_model_dir, tmp_path):
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_bytes((demo_model_dir / "config.json").read_bytes())
+    (src / "same.json").symlink_to(src / "config.json")  # inside: copied as a file
+    fetch.fetch(f"file://{src}", tmp_path / "out", show_progress=False)
+    assert (tmp_path / "out" / "same.json").read_bytes() == (src / "config.json").read_bytes()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("node credentials")
+    (src / "tokenizer.json").symlink_to(secret)
+    with pytest.raises(fetch.FetchError, match="outside"):
+        fetch.fetch(f"file://{src}", tmp_path / "out2", show_progress=False)
+    assert not (tmp_path / "out2" / "tokenizer.json").exists()

@@ -139,3 +139,13 @@ def test_s3_without_credentials_names_the_variables(uploaded, tmp_path, capsys, 
         f"inferfleet-runtime fetch: error: could not fetch s3://{BUCKET}/{PREFIX}: no AWS credentials: set"
         " AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the Secret named by spec.model.credentialsSecret"
     ]
+
+
+@pytest.mark.parametrize("key", ["../escape.bin", "sub/../../escape.bin", "a//b.bin", "./x.bin"])
+def test_s3_keys_that_would_land_outside_the_target_are_refused_before_any_write(s3, uploaded, tmp_path, key):
+    s3.client().put_object(Bucket=BUCKET, Key=f"{PREFIX}/{key}", Body=b"payload")
+    out = tmp_path / "deep" / "out"
+    with pytest.raises(fetch.FetchError, match="would be written outside the target"):
+        fetch.fetch(f"s3://{BUCKET}/{PREFIX}", out, show_progress=False)
+    assert not (tmp_path / "deep" / "escape.bin").exists() and not (tmp_path / "escape.bin").exists()
+    assert model_files(out) == {}  # refused before any object was downloaded
