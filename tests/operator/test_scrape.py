@@ -57,3 +57,31 @@ def test_a_pod_that_errors_stalls_or_lacks_the_metrics_counts_as_missing():
     assert ok == PodMetrics(waiting=3.0, kv_usage=None)
     assert broken is other is no_ip is None
     assert slow is None
+
+
+def test_non_finite_negative_or_absurd_gauges_are_not_taken_from_a_pod():
+    page = 'inferfleet:num_requests_waiting{model_name="m"} NaN\ninferfleet:kv_cache_usage_perc{model_name="m"} 0.5\n'
+    assert parse_metrics(page) == PodMetrics(waiting=None, kv_usage=0.5)
+    for waiting, usage in (("+Inf", "1.7"), ("-3", "-0.1"), ("1e300", "NaN")):
+        page = f"inferfleet:num_requests_waiting {waiting}\ninferfleet:kv_cache_usage_perc {usage}\n"
+        assert parse_metrics(page) == PodMetrics(waiting=None, kv_usage=None), (waiting, usage)
+
+
+def test_a_page_over_the_size_limit_counts_as_missing_without_being_read_whole():
+    served = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        async def body():
+            yield b"inferfleet:num_requests_waiting 1\n"
+            for _ in range(2048):  # 2 GiB if read whole
+                served.append(1)
+                yield b"#" * (1 << 20) + b"\n"
+
+        return httpx.Response(200, content=body())
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=30) as http:
+            return await scrape_pods(http, [_pod("huge")], 8000, "http://{ip}/{pod}", timeout=10)
+
+    assert asyncio.run(run()) == [None]
+    assert len(served) <= 3  # stopped just past the 1 MiB limit

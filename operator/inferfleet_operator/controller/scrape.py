@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,17 +14,27 @@ from inferfleet_operator.api.names import POOL_LABEL
 from inferfleet_operator.plan.autoscaling import KV_USAGE, WAITING, PodMetrics
 
 DEFAULT_URL_TEMPLATE = "http://{ip}:{port}/metrics"
+MAX_SCRAPE_BYTES = 1 << 20  # a serving pod's page is a few KB; a larger one is not read past this
+# What a sample of each gauge may hold; a pod reporting anything else (NaN, inf, negative, absurd) counts as missing.
+_BOUNDS = {WAITING: 1e9, KV_USAGE: 1.0}
 
 logger = logging.getLogger("inferfleet_operator")
 
 
 def parse_metrics(text: str) -> PodMetrics:
-    """The two load gauges from a Prometheus text page, summed over their label sets (one per model)."""
+    """The two load gauges from a Prometheus text page, summed over their label sets (one per model). A gauge with
+    any sample that is not finite or lies outside its bounds is dropped: the pod's word is not taken for it."""
     found: dict[str, float] = {}
+    invalid: set[str] = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in (WAITING, KV_USAGE):
-                found[sample.name] = found.get(sample.name, 0.0) + sample.value
+            if sample.name in _BOUNDS:
+                value = sample.value
+                if not math.isfinite(value) or not 0 <= value <= _BOUNDS[sample.name]:
+                    invalid.add(sample.name)
+                found[sample.name] = found.get(sample.name, 0.0) + value
+    for name in invalid:
+        found.pop(name)
     return PodMetrics(waiting=found.get(WAITING), kv_usage=found.get(KV_USAGE))
 
 
@@ -47,13 +58,24 @@ async def _scrape_one(http: httpx.AsyncClient, url: str | None, timeout: float) 
     if url is None:
         return None
     try:
-        response = await asyncio.wait_for(http.get(url), timeout)
-        response.raise_for_status()
-        metrics = parse_metrics(response.text)
+        text = await asyncio.wait_for(_read_page(http, url), timeout)
+        metrics = parse_metrics(text)
     except (TimeoutError, httpx.HTTPError, ValueError) as error:
         logger.debug("Failed to scrape %s: %s", url, error)
         return None
     return None if metrics.waiting is None and metrics.kv_usage is None else metrics
+
+
+async def _read_page(http: httpx.AsyncClient, url: str) -> str:
+    """The page as text, read as a stream: a page over MAX_SCRAPE_BYTES is a ValueError before it is read whole."""
+    async with http.stream("GET", url) as response:
+        response.raise_for_status()
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_SCRAPE_BYTES:
+                raise ValueError(f"the metrics page is over {MAX_SCRAPE_BYTES} bytes")
+        return body.decode("utf-8", "replace")
 
 
 async def scrape_pods(
