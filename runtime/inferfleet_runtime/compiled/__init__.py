@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .manifest import EngineMismatch, check_compatible, read_manifest
+from .manifest import EngineMismatch, check_compatible, read_manifest, verify_checksums
 
 
 def runner_factory(engine_dir: str | Path, config):
@@ -21,6 +21,7 @@ def runner_factory(engine_dir: str | Path, config):
             f"engine {manifest.engine_key} was built for {manifest.target_architecture}, this machine has no GPU"
         )
     check_compatible(manifest, device)
+    verify_checksums(engine_dir, manifest)  # before any of its native code is loaded
     fit_engine_config(manifest, config)
 
     def make() -> CompiledModelRunner:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +24,15 @@ from inferfleet_runtime.loader import load_model
 
 from .backends import get_backend
 from .envelope import Envelope
-from .manifest import GraphEntry, Manifest, device_architecture, library_versions, read_manifest, write_manifest
+from .manifest import (
+    GraphEntry,
+    Manifest,
+    device_architecture,
+    file_checksums,
+    library_versions,
+    read_manifest,
+    write_manifest,
+)
 from .step import StaticStep, example_inputs
 
 Progress = Callable[[str, int], None]  # (stage, percent 0..100)
@@ -95,7 +103,8 @@ def build_engine(
     step = StaticStep(loaded.model, envelope.max_context_length).eval()
     kv_cache = torch.zeros(kv_cache_shape(config, envelope), dtype=config.dtype, device=device)
 
-    staging = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
+    # Unique per build: two Jobs of one key (each pid 1 in its pod) must never share a staging directory.
+    staging = out_dir.with_name(f".{out_dir.name}.building-{uuid.uuid4().hex}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         manifest = _build_into(
@@ -179,6 +188,7 @@ def _build_into(
             "kv_cache_bytes": kv_cache.numel() * kv_cache.element_size(),
         },
     )
+    manifest.checksums = file_checksums(staging)
     write_manifest(staging, manifest)
     return manifest
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from dataclasses import asdict, dataclass, field
@@ -13,7 +14,7 @@ import torch
 from .envelope import Envelope
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums of every artifact
 # Names other tools use for the same CPU targets (Kubernetes node architectures, uname).
 _CPU_ALIASES = {"amd64": "x86_64", "x86_64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
 
@@ -41,6 +42,7 @@ class Manifest:
     graphs: list[GraphEntry] = field(default_factory=list)
     build_seconds: float = 0.0
     sizes: dict[str, int] = field(default_factory=dict)  # total_bytes, graph_bytes, kv_cache_bytes
+    checksums: dict[str, str] = field(default_factory=dict)  # every other file of the directory -> sha256
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -57,6 +59,39 @@ class Manifest:
 
     def graph(self, kind: str, bucket: int) -> GraphEntry:
         return next(g for g in self.graphs if g.kind == kind and g.bucket == bucket)
+
+
+def file_checksums(engine_dir: Path) -> dict[str, str]:
+    """sha256 of every file under engine_dir but the manifest, by path relative to it."""
+    sums = {}
+    for path in sorted(p for p in engine_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        sums[path.relative_to(engine_dir).as_posix()] = digest.hexdigest()
+    return sums
+
+
+def verify_checksums(engine_dir: str | Path, manifest: Manifest) -> None:
+    """Raises EngineMismatch unless every artifact the manifest lists is there with its recorded checksum: a
+    half-written, truncated or replaced file is never loaded (graphs are native code)."""
+    engine_dir = Path(engine_dir)
+    if not manifest.checksums:
+        raise EngineMismatch(f"engine {manifest.engine_key} lists no artifact checksums; rebuild the engine")
+    for name, expected in sorted(manifest.checksums.items()):
+        path = engine_dir / name
+        if ".." in Path(name).parts or Path(name).is_absolute() or not path.is_file():
+            raise EngineMismatch(f"engine {manifest.engine_key} lacks its artifact {name}; rebuild the engine")
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != expected:
+            raise EngineMismatch(
+                f"engine {manifest.engine_key}: {name} does not match its checksum (changed or truncated since the "
+                "build); rebuild the engine"
+            )
 
 
 def write_manifest(engine_dir: Path, manifest: Manifest) -> None:

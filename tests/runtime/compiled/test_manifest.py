@@ -14,9 +14,11 @@ from inferfleet_runtime.compiled.manifest import (
     Manifest,
     check_compatible,
     device_architecture,
+    file_checksums,
     inferfleet_version,
     normalize_architecture,
     read_manifest,
+    verify_checksums,
     write_manifest,
 )
 
@@ -78,3 +80,42 @@ def test_unreadable_manifest_is_a_mismatch(tmp_path):
         read_manifest(tmp_path)
     with pytest.raises(EngineMismatch, match="no manifest.json"):
         read_manifest(tmp_path / "missing")
+
+
+def _engine_dir(tmp_path):
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "graphs" / "decode-b4.pt2").write_bytes(b"graph bytes")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
+    manifest = _manifest(checksums=file_checksums(tmp_path))
+    write_manifest(tmp_path, manifest)
+    return manifest
+
+
+def test_checksums_cover_every_artifact_but_the_manifest(tmp_path):
+    manifest = _engine_dir(tmp_path)
+    assert sorted(manifest.checksums) == ["graphs/decode-b4.pt2", "model/tokenizer.json"]
+    verify_checksums(tmp_path, read_manifest(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "graphs" / "decode-b4.pt2").write_bytes(b"graph byteZ"), "does not match its checksum"),
+        (lambda d: (d / "graphs" / "decode-b4.pt2").write_bytes(b"graph"), "does not match its checksum"),
+        (lambda d: (d / "model" / "tokenizer.json").unlink(), "lacks its artifact model/tokenizer.json"),
+    ],
+)
+def test_a_changed_truncated_or_missing_artifact_is_refused(tmp_path, damage, message):
+    manifest = _engine_dir(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(EngineMismatch, match=message):
+        verify_checksums(tmp_path, manifest)
+
+
+def test_a_manifest_without_checksums_or_with_an_escaping_path_is_refused(tmp_path):
+    _engine_dir(tmp_path)
+    with pytest.raises(EngineMismatch, match="lists no artifact checksums"):
+        verify_checksums(tmp_path, _manifest())
+    with pytest.raises(EngineMismatch, match="lacks its artifact"):
+        verify_checksums(tmp_path / "graphs", _manifest(checksums={"../model/tokenizer.json": "0" * 64}))
