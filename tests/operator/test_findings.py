@@ -245,3 +245,23 @@ def test_what_a_pools_build_reports_reaches_the_service():
     builds = {"k1": build("DeadlineExceeded"), "k2": build("JobRunning"), "k3": build("ClaimNotFound")}
     [found] = build_findings(pools, builds)
     assert (found.reason, found.subject, found.pool) == ("DeadlineExceeded", "EngineBuild k1", "nvidia-h100")
+
+
+def test_a_serving_container_refusing_its_model_is_server_failed_with_its_line_and_view():
+    line = (
+        "inferfleet-runtime serve: error: cannot serve /model: model_type 'falcon' is not supported (supported: llama)"
+    )
+    server = {
+        "name": "server",
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 2, "reason": "Error", "message": line + "\n"}},
+        "restartCount": 4,
+    }
+    raw = pod()
+    raw["status"]["containerStatuses"] = [server]
+    [found] = pod_findings(raw, POOL_LABEL)
+    assert found.reason == "ServerFailed" and found.pool == "intel-max-1100"
+    assert found.message == f"container server exited 2 (Error): {line}"
+    assert pod_findings(pod_view(raw), POOL_LABEL) == [found]  # the index keeps what this reads
+    raw["status"]["containerStatuses"] = [dict(server, state={"running": {}})]  # recovered: not reported
+    assert pod_findings(raw) == []

@@ -169,3 +169,21 @@ def test_serve_flags_map_onto_the_engine_config():
     )
     args = parse_serve("--engine-dir", "e")
     assert (args.host, args.port, args.engine) == ("0.0.0.0", 8000, None)
+
+
+def test_serve_refuses_an_unsupported_family_in_one_line_left_as_the_termination_message(tmp_path, monkeypatch):
+    model = tmp_path / "falcon"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "falcon", "architectures": ["FalconForCausalLM"]}')
+    termination = tmp_path / "termination-log"
+    termination.write_text("")  # the kubelet creates the file; serve only writes one that exists
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(termination))
+    result = run_cli("serve", "--model", str(model))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert (
+        line.startswith("inferfleet-runtime serve: error: cannot serve")
+        and "model_type 'falcon' is not supported" in line
+    )
+    assert "(supported: llama" in line and "qwen3" in line
+    assert termination.read_text() == line

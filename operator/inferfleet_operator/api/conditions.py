@@ -38,6 +38,7 @@ REASON_CLAIM_NOT_FOUND = "ClaimNotFound"  # a mounted PersistentVolumeClaim does
 REASON_INSUFFICIENT_RESOURCE = "InsufficientResource"  # pods unschedulable: Insufficient <resource>
 REASON_UNSCHEDULABLE = "Unschedulable"  # pods unschedulable for another reason
 REASON_FETCH_FAILED = "FetchFailed"  # the model fetch init container exited non-zero
+REASON_SERVER_FAILED = "ServerFailed"  # the serving container exited non-zero (e.g. an unsupported model)
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # a compile Job ran past activeDeadlineSeconds
 # Per-pool reasons.
 REASON_SERVING_COMPILED = "ServingCompiled"

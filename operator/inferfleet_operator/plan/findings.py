@@ -17,6 +17,7 @@ ORDER = (
     c.REASON_INSUFFICIENT_RESOURCE,
     c.REASON_UNSCHEDULABLE,
     c.REASON_FETCH_FAILED,
+    c.REASON_SERVER_FAILED,
 )
 MAX_MESSAGE = 1024  # characters of one condition message or Event note built from findings
 FETCH_CONTAINER = "fetch-model"
@@ -68,13 +69,15 @@ def pod_view(pod: Mapping) -> dict:
                 for cond in status.get("conditions") or []
             ],
             "initContainerStatuses": statuses("initContainerStatuses"),
+            "containerStatuses": statuses("containerStatuses"),
         },
     }
 
 
 def pod_findings(pod: Mapping, pool_label: str = "") -> list[Finding]:
-    """Why a pod cannot run: unschedulable (for a named resource, a missing claim, or otherwise), or an
-    init container (the model fetch) that exited non-zero, with its exit code and last message line."""
+    """Why a pod cannot run: unschedulable (for a named resource, a missing claim, or otherwise), an init
+    container (the model fetch) that exited non-zero, or the serving container that did (e.g. `serve` refusing a
+    model it cannot serve), each with its exit code and the last line of its termination message."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     if meta.get("deletionTimestamp"):
         return []
@@ -107,30 +110,31 @@ def pod_findings(pod: Mapping, pool_label: str = "") -> list[Finding]:
             )
         else:
             found.append(Finding(c.REASON_UNSCHEDULABLE, subject, f"unschedulable: {_cut(message, 300)}", pool))
-    for cs in status.get("initContainerStatuses") or []:
-        state = cs.get("state") or {}
-        # The current run's end, else (waiting to restart, e.g. CrashLoopBackOff) the previous run's;
-        # a container running again is not reported.
-        term = (
-            state.get("terminated")
-            or ((cs.get("lastState") or {}).get("terminated") if "waiting" in state else None)
-            or {}
-        )
-        code = int(term.get("exitCode") or 0)
-        if code == 0:
-            continue
-        what = "model fetch" if cs.get("name") == FETCH_CONTAINER else "init container"
-        line = last_line(term.get("message"))
-        found.append(
-            Finding(
-                c.REASON_FETCH_FAILED,
-                subject,
-                f"{what} {cs.get('name', '')} exited {code} ({term.get('reason') or 'Error'})"
-                + (f": {line}" if line else ""),
-                pool,
-            )
-        )
+    for key, reason in (
+        ("initContainerStatuses", c.REASON_FETCH_FAILED),
+        ("containerStatuses", c.REASON_SERVER_FAILED),
+    ):
+        for cs in status.get(key) or []:
+            term = _last_exit(cs)
+            code = int(term.get("exitCode") or 0)
+            if code == 0:
+                continue
+            if key == "initContainerStatuses":
+                what = "model fetch" if cs.get("name") == FETCH_CONTAINER else "init container"
+            else:
+                what = "container"
+            line = last_line(term.get("message"))
+            message = f"{what} {cs.get('name', '')} exited {code} ({term.get('reason') or 'Error'})"
+            found.append(Finding(reason, subject, message + (f": {line}" if line else ""), pool))
     return found
+
+
+def _last_exit(status: Mapping) -> Mapping:
+    """The current run's end, else (waiting to restart, e.g. CrashLoopBackOff) the previous run's; a container
+    running again is not reported."""
+    state = status.get("state") or {}
+    waiting = "waiting" in state
+    return state.get("terminated") or ((status.get("lastState") or {}).get("terminated") if waiting else None) or {}
 
 
 def pods_findings(pods: Iterable[Mapping], pool_label: str = "") -> list[Finding]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 
 from inferfleet_runtime.engine_config import KERNEL_BACKENDS, EngineConfig
@@ -117,6 +116,13 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
         if gguf_file is None and not (model_dir / "config.json").is_file():
             return _fail(f"{model_dir} is not a model directory (no config.json) nor a .gguf file")
+        if gguf_file is None:  # a family this runtime cannot serve is refused here, in one line, not at load
+            from inferfleet_runtime.config import ConfigError, ModelConfig
+
+            try:
+                ModelConfig.from_dir(model_dir)
+            except (ConfigError, ValueError, KeyError) as exc:
+                return _fail(f"cannot serve {model_dir}: {exc}")
         make_runner = _paged_runner(model_dir, config)
         default_name = gguf_file.stem if gguf_file else _default_name(model_dir)
     else:
@@ -224,5 +230,7 @@ def _bytes(text: str) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"inferfleet-runtime serve: error: {message}", file=sys.stderr)
-    return 2
+    """The error line on stderr and as the container's termination message (the operator reports it)."""
+    from inferfleet_runtime.termination import fail
+
+    return fail("inferfleet-runtime serve", message, 2)
