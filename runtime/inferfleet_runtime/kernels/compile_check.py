@@ -62,7 +62,8 @@ def recording(launches: list[Launch], label: str):
 
 
 def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
-    """Launches of every op; attention in decode, split-KV decode and prefill for each head shape."""
+    """Launches of every op; attention in decode, split-KV decode and prefill for each head shape, and the latter
+    two with a sliding window."""
     launches: list[Launch] = []
     z = lambda *shape: torch.zeros(shape, dtype=dtype)  # noqa: E731
     with recording(launches, "rms_norm"):
@@ -103,6 +104,22 @@ def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
                     query_start_loc=starts,
                     max_query_len=50,
                     max_seq_len=100,
+                )
+            with recording(launches, name + " windowed split decode"):
+                paged_attention.paged_attention(
+                    query, *caches, block_tables, seq_lens, 0.1, num_splits=4, max_seq_len=100, window=33
+                )
+            with recording(launches, name + " windowed prefill"):
+                paged_attention.paged_attention(
+                    z(57, num_heads, head_dim),
+                    *caches,
+                    block_tables,
+                    seq_lens,
+                    0.1,
+                    query_start_loc=torch.tensor([0, 50, 57], dtype=torch.int32),
+                    max_query_len=50,
+                    max_seq_len=100,
+                    window=33,
                 )
     return launches
 

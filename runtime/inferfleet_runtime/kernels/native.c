@@ -138,14 +138,16 @@ void inferfleet_write_kv(const float *key, int64_t key_stride, const float *valu
 }
 
 /* One query token's heads 0..num_q_heads-1 (head h reads kv head h / group of rows `row` floats apart; all of a
- * token's heads, or one GQA group with key_cache and value_cache offset to its kv head), over keys 0..last of
- * its sequence, a cache block at a time: the block's rows are read in order, each kv head's row once for its
- * whole group; per block, each head's scores, then one online-softmax rescale of its accumulator. Inlined at each call
- * site, so the common shapes get loops of a known length (see inferfleet_paged_attention). */
+ * token's heads, or one GQA group with key_cache and value_cache offset to its kv head), over keys first..last of
+ * its sequence (first > 0 in a sliding-window layer), a cache block at a time: the block's rows are read in
+ * order, each kv head's row once for its whole group; per block, each head's scores, then one online-softmax
+ * rescale of its accumulator. Inlined at each call site, so the common shapes get loops of a known length (see
+ * inferfleet_paged_attention). */
 static inline __attribute__((always_inline)) void attend(const float *q, float *out, const float *key_cache,
                                                          const float *value_cache, const int32_t *block_table,
-                                                         int64_t last, int64_t num_q_heads, int64_t group, int64_t row,
-                                                         int64_t head_dim, int64_t block_size, float scale) {
+                                                         int64_t first, int64_t last, int64_t num_q_heads,
+                                                         int64_t group, int64_t row, int64_t head_dim,
+                                                         int64_t block_size, float scale) {
     /* On the stack: num_q_heads * (head_dim + block_size + 2) floats (Llama-3-70B: 64 * 146, 37 KiB). */
     float acc[num_q_heads][head_dim];
     float scores[num_q_heads][block_size];
@@ -155,9 +157,11 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
         running_sum[h] = 0.0f;
         for (int64_t d = 0; d < head_dim; d++) acc[h][d] = 0.0f;
     }
-    for (int64_t start = 0; start <= last; start += block_size) {
-        const int64_t n = (last - start + 1) < block_size ? (last - start + 1) : block_size;
-        const int64_t base = (int64_t)block_table[start / block_size] * block_size * row;
+    /* Every chunk but the first starts on a block boundary; the first starts inside its block where first does. */
+    for (int64_t start = first, n; start <= last; start += n) {
+        const int64_t skip = start % block_size;
+        n = (last - start + 1) < block_size - skip ? (last - start + 1) : block_size - skip;
+        const int64_t base = ((int64_t)block_table[start / block_size] * block_size + skip) * row;
         const float *keys = key_cache + base, *values = value_cache + base;
         for (int64_t j = 0; j < n; j++) {
             for (int64_t h = 0; h < num_q_heads; h++) {
@@ -203,20 +207,26 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
 /* attend() with head dims 64 and 128 and 16-token blocks as constants: unrolled loops without remainders (decode
  * of 32 sequences of 100 tokens, 8 query heads of 64: 540 instead of 690 us on one thread). */
 static void attend_any(const float *q, float *out, const float *key_cache, const float *value_cache,
-                       const int32_t *block_table, int64_t last, int64_t num_q_heads, int64_t group, int64_t row,
-                       int64_t head_dim, int64_t block_size, float scale) {
+                       const int32_t *block_table, int64_t first, int64_t last, int64_t num_q_heads, int64_t group,
+                       int64_t row, int64_t head_dim, int64_t block_size, float scale) {
     if (head_dim == 64 && block_size == 16)
-        attend(q, out, key_cache, value_cache, block_table, last, num_q_heads, group, row, 64, 16, scale);
+        attend(q, out, key_cache, value_cache, block_table, first, last, num_q_heads, group, row, 64, 16, scale);
     else if (head_dim == 128 && block_size == 16)
-        attend(q, out, key_cache, value_cache, block_table, last, num_q_heads, group, row, 128, 16, scale);
+        attend(q, out, key_cache, value_cache, block_table, first, last, num_q_heads, group, row, 128, 16, scale);
     else
-        attend(q, out, key_cache, value_cache, block_table, last, num_q_heads, group, row, head_dim, block_size, scale);
+        attend(q, out, key_cache, value_cache, block_table, first, last, num_q_heads, group, row, head_dim, block_size,
+               scale);
+}
+
+/* The first key a query at position pos sees: pos - window + 1 in a sliding-window layer (window > 0), else 0. */
+static inline int64_t first_key(int64_t pos, int64_t window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
 /* token_seq[t], token_pos[t]: the sequence and position of each new token t (query_start_loc NULL: decode, token
- * i is sequence i's only new token). Returns how many key rows the tokens attend to in all. */
+ * i is sequence i's only new token). Returns how many key rows the tokens attend to in all (window as first_key). */
 static int64_t token_table(const int32_t *seq_lens, const int32_t *query_start_loc, int64_t num_seqs,
-                           int64_t *token_seq, int64_t *token_pos) {
+                           int64_t window, int64_t *token_seq, int64_t *token_pos) {
     int64_t num_keys = 0;
     for (int64_t b = 0; b < num_seqs; b++) {
         const int64_t begin = query_start_loc ? query_start_loc[b] : b;
@@ -224,32 +234,34 @@ static int64_t token_table(const int32_t *seq_lens, const int32_t *query_start_l
         for (int64_t t = begin; t < end; t++) {
             token_seq[t] = b;
             token_pos[t] = seq_lens[b] - (end - t);
-            num_keys += token_pos[t] + 1;
+            num_keys += token_pos[t] + 1 - first_key(token_pos[t], window);
         }
     }
     return num_keys;
 }
 
-/* Causal attention of each new token over its sequence's cached context (paged_attention.py's layouts).
+/* Causal attention of each new token over its sequence's cached context (paged_attention.py's layouts), over the
+ * last `window` keys up to the token's own where window > 0 (a sliding-window layer), else over all of them.
  * query_start_loc NULL: decode, token i is sequence i's only new token. Returns 0, or -1 when a buffer
  * could not be allocated. */
 int inferfleet_paged_attention(const float *query, float *out, const float *key_cache, const float *value_cache,
                                const int32_t *block_tables, int64_t block_table_stride, const int32_t *seq_lens,
                                const int32_t *query_start_loc, int64_t num_seqs, int64_t num_tokens,
                                int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                               float scale, int num_threads) {
+                               float scale, int64_t window, int num_threads) {
     /* Each token's sequence and position, so the tokens below are independent. */
     int64_t *token_seq = malloc(sizeof(int64_t) * num_tokens * 2);
     if (!token_seq) return -1;
     int64_t *token_pos = token_seq + num_tokens;
-    const int64_t num_keys = token_table(seq_lens, query_start_loc, num_seqs, token_seq, token_pos);
+    const int64_t num_keys = token_table(seq_lens, query_start_loc, num_seqs, window, token_seq, token_pos);
     /* Below ~1k key rows (tens of microseconds) waking threads costs about what it saves. */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_keys >= 1024)
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t offset = t * num_q_heads * head_dim;
         const int32_t *table = block_tables + token_seq[t] * block_table_stride;
-        attend_any(query + offset, out + offset, key_cache, value_cache, table, token_pos[t], num_q_heads,
-                   num_q_heads / num_kv_heads, num_kv_heads * head_dim, head_dim, block_size, scale);
+        attend_any(query + offset, out + offset, key_cache, value_cache, table, first_key(token_pos[t], window),
+                   token_pos[t], num_q_heads, num_q_heads / num_kv_heads, num_kv_heads * head_dim, head_dim, block_size,
+                   scale);
     }
     free(token_seq);
     return 0;
@@ -419,7 +431,8 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
  *   rotary of q; rotary of k into the cache at the token's slot; v into the cache (each q and k head first
  *   RMS-normalised over D where the layer has q_norm / k_norm)
  *                                            threads split (token, kv head) pairs
- *   attn = attention over the cache          threads take (token, kv head group) pairs in turn
+ *   attn = attention over the cache (the last `window` keys in a sliding-window layer)
+ *                                            threads take (token, kv head group) pairs in turn
  *   residual += attn Wo                      the o projection's store adds into the residual stream
  *   normed = rms_norm(residual); gate_up = normed Wgu; act = silu(gate) * up; residual += act Wdown
  * then out = rms_norm(residual) with the final norm. Adding the projection into the residual is the addition the
@@ -427,6 +440,7 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
 typedef struct {
     const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
     const float *q_norm, *k_norm; /* [D] each, or NULL: every head of q and of k RMS-normalised before RoPE (Qwen3) */
+    int64_t window;               /* > 0: a sliding-window layer's window (see inferfleet_paged_attention); 0: none */
 } inferfleet_layer;
 
 typedef struct {
@@ -488,7 +502,7 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
     int64_t *token_seq = malloc(sizeof(int64_t) * T * 2);
     if (!token_seq) return -1;
     int64_t *token_pos = token_seq + T;
-    token_table(seq_lens, query_start_loc, num_seqs, token_seq, token_pos);
+    token_table(seq_lens, query_start_loc, num_seqs, 0, token_seq, token_pos);
     float *residual = workspace, *qkv = residual + T * H, *q_rot = qkv + T * nqkv, *attn = q_rot + T * q;
     float *gate_up = attn + T * q, *act = gate_up + T * 2 * I, *normed_all = act + T * I;
     spin_barrier barrier = {0, 0};
@@ -525,8 +539,8 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
             for (int64_t i = tid; i < T * Hkv; i += nth) { /* in turn: later tokens of a prompt attend to more keys */
                 const int64_t t = i / Hkv, g = i % Hkv, offset = (t * Hq + g * group) * D;
                 attend_any(q_rot + offset, attn + offset, key_cache + g * D, value_cache + g * D,
-                           block_tables + token_seq[t] * block_table_stride, token_pos[t], group, group, kv, D,
-                           m->block_size, m->scale);
+                           block_tables + token_seq[t] * block_table_stride, first_key(token_pos[t], w->window),
+                           token_pos[t], group, group, kv, D, m->block_size, m->scale);
             }
             spin_barrier_wait(&barrier, nth);
             linear_share(attn, q, w->o, w->o_bias, residual, T, H, q, 1, tid, nth);

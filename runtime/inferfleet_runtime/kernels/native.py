@@ -48,7 +48,7 @@ SIGNATURES = {
     ),
     "inferfleet_paged_attention": (
         _int,
-        [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int],
+        [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _i64, _int],
     ),
 }
 
@@ -194,9 +194,10 @@ def paged_attention(
     query_start_loc=None,
     max_query_len=1,
     max_seq_len=None,
+    window=None,
 ):
-    """paged_attention.paged_attention_reference's contract (max_query_len and max_seq_len are not needed here:
-    the kernel reads each sequence's own lengths)."""
+    """paged_attention.paged_attention_reference's contract, window included (max_query_len and max_seq_len are
+    not needed here: the kernel reads each sequence's own lengths)."""
     query = query.contiguous()
     _check("query", query, 3)
     num_tokens, num_q_heads, head_dim = query.shape
@@ -210,11 +211,19 @@ def paged_attention(
     code = library().inferfleet_paged_attention(
         query.data_ptr(), out.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), None if loc is None else loc.data_ptr(), seq_lens.shape[0],
-        num_tokens, num_q_heads, num_kv_heads, head_dim, block_size, scale, torch.get_num_threads(),
+        num_tokens, num_q_heads, num_kv_heads, head_dim, block_size, scale, _window_arg(window),
+        torch.get_num_threads(),
     )  # fmt: skip
     if code != 0:
         raise MemoryError("native paged attention could not allocate its token table")
     return out
+
+
+def _window_arg(window: int | None) -> int:
+    """A sliding window as native.c takes it: the window, or 0 for full attention."""
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window holds at least one key, got {window}")
+    return window or 0
 
 
 @functools.cache
@@ -263,7 +272,7 @@ LAYER_WEIGHTS = (
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _ptr) for name in LAYER_WEIGHTS]
+    _fields_ = [*[(name, _ptr) for name in LAYER_WEIGHTS], ("window", _i64)]
 
 
 class _Model(ctypes.Structure):
@@ -278,10 +287,11 @@ class _Model(ctypes.Structure):
 class DecoderWeights:
     """A Llama decoder stack as `forward` reads it: the layers' tensors by the names of LAYER_WEIGHTS (linears
     packed by `pack_linear`; biases and the q/k norms None when absent), the embedding [V, H], the final norm's weight and the RoPE
-    table [positions, D]. Holds every tensor it points C at, so none is freed while it lives."""
+    table [positions, D], and each layer's sliding window (None: full attention; no windows: all full). Holds every
+    tensor it points C at, so none is freed while it lives."""
 
     def __init__(self, *, layers: list[dict], embed, final_norm, cos_sin, num_q_heads, num_kv_heads, head_dim,
-                 intermediate, eps, scale):  # fmt: skip
+                 intermediate, eps, scale, windows: list[int | None] | None = None):  # fmt: skip
         tensors = [embed, final_norm, cos_sin, *(t for layer in layers for t in layer.values() if t is not None)]
         for i, t in enumerate(tensors):
             _check(f"weight {i}", t.view(-1), 1)
@@ -291,8 +301,11 @@ class DecoderWeights:
         self.hidden, self.kv_row = embed.shape[1], (num_kv_heads, head_dim)
         self.layer_array = (_Layer * len(layers))(
             *[
-                _Layer(*[None if layer[name] is None else layer[name].data_ptr() for name in LAYER_WEIGHTS])
-                for layer in layers
+                _Layer(
+                    *[None if layer[name] is None else layer[name].data_ptr() for name in LAYER_WEIGHTS],
+                    _window_arg(windows[i] if windows else None),
+                )
+                for i, layer in enumerate(layers)
             ]
         )
         self.struct = _Model(len(layers), self.hidden, num_q_heads, num_kv_heads, head_dim, intermediate, 0,

@@ -3,6 +3,8 @@
 Math: for query token i of sequence b at absolute position p_i (its new tokens are the last q_len_b
 of the seq_len_b context), query head h reads kv head h // (Hq / Hkv) (GQA; MQA when Hkv == 1):
     out[i, h] = softmax_j(scale * q[i, h] . k[j, h_kv]) v[j, h_kv]   over j <= p_i  (causal)
+and, for a sliding-window layer of window W, only over p_i - W < j <= p_i (W keys, the query's own included, as
+transformers' sliding-window masks have it).
 with K/V row j of sequence b at key_cache[block_tables[b, j // block_size], j % block_size].
 Softmax is accumulated online in float32 (flash attention).
 
@@ -16,6 +18,8 @@ Layouts:
 Memory traffic: each sequence's K and V are read once per kv head and query tile (2 * seq_len *
 Hkv * D elements for decode), plus q and out; decode is bound by reading the cache. The split-KV
 path adds num_partitions * Hq * (D + 2) float32 partials per sequence, written once and read once.
+A sliding-window layer reads at most window + BLOCK_Q - 1 keys per query tile (the Triton kernel starts each
+tile at its first query's window); the torch reference still gathers whole contexts and masks them.
 
 Kernel design (written for this project from the published flash-attention / flash-decoding
 algorithms and the PagedAttention block-table layout):
@@ -69,17 +73,22 @@ class ReferenceLayout:
     """
 
     groups: tuple[ReferenceGroup, ...]
+    window: int | None = None  # the sliding window its masks apply (None: causal only)
 
 
-def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, max_seq_len=None) -> ReferenceLayout:
-    """The gather rows, causal masks and query scatter of `paged_attention_reference` for one batch."""
+def reference_layout(
+    block_tables, seq_lens, block_size, query_start_loc=None, max_seq_len=None, window=None
+) -> ReferenceLayout:
+    """The gather rows, causal (and, given a window, sliding-window) masks and query scatter of
+    `paged_attention_reference` for one batch."""
     if query_start_loc is None:
-        return ReferenceLayout((_reference_group(block_tables, seq_lens, block_size, None, max_seq_len, None),))
+        group = _reference_group(block_tables, seq_lens, block_size, None, max_seq_len, None, window)
+        return ReferenceLayout((group,), window)
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     decode = q_lens == 1
     if bool(decode.all()) or not bool(decode.any()):
-        group = _reference_group(block_tables, seq_lens, block_size, query_start_loc, max_seq_len, None)
-        return ReferenceLayout((group,))
+        group = _reference_group(block_tables, seq_lens, block_size, query_start_loc, max_seq_len, None, window)
+        return ReferenceLayout((group,), window)
     # Flat token rows of each group, and each group's own query_start_loc.
     token_is_decode = torch.repeat_interleave(decode, q_lens.long())
     groups = []
@@ -87,11 +96,13 @@ def reference_layout(block_tables, seq_lens, block_size, query_start_loc=None, m
         seqs = seq_mask.nonzero().squeeze(1)
         loc = torch.nn.functional.pad(torch.cumsum(q_lens[seqs], 0), (1, 0))
         tokens = token_mask.nonzero().squeeze(1)
-        groups.append(_reference_group(block_tables[seqs], seq_lens[seqs], block_size, loc, None, tokens))
-    return ReferenceLayout(tuple(groups))
+        groups.append(_reference_group(block_tables[seqs], seq_lens[seqs], block_size, loc, None, tokens, window))
+    return ReferenceLayout(tuple(groups), window)
 
 
-def _reference_group(block_tables, seq_lens, block_size, query_start_loc, max_seq_len, tokens) -> ReferenceGroup:
+def _reference_group(
+    block_tables, seq_lens, block_size, query_start_loc, max_seq_len, tokens, window
+) -> ReferenceGroup:
     num_seqs = seq_lens.shape[0]
     device = seq_lens.device
     seq_lens = seq_lens.long()
@@ -110,12 +121,16 @@ def _reference_group(block_tables, seq_lens, block_size, query_start_loc, max_se
         row_of_token = torch.arange(num_tokens, device=device) - query_start_loc[:-1].long()[seq_of_token]
         if max_q == 1 and num_tokens == num_seqs:  # one token per sequence, in order: no scatter needed
             seq_of_token = row_of_token = None
-    # Query row r of sequence b sits at position seq_len - q_len + r and sees keys up to it;
-    # padding rows see key 0 only (keeps softmax finite; their output is dropped).
-    q_pos = seq_lens[:, None] - q_lens[:, None] + torch.arange(max_q, device=device)[None, :]
+    # Query row r of sequence b sits at position seq_len - q_len + r and sees keys up to it (and, with a window,
+    # the window - 1 before it); padding rows see key 0 too (keeps softmax finite; their output is dropped).
+    rows = torch.arange(max_q, device=device)
+    q_pos = seq_lens[:, None] - q_lens[:, None] + rows[None, :]  # [num_seqs, max_q]
     k_pos = torch.arange(num_keys, device=device)
     mask = k_pos[None, None, :] <= q_pos[:, :, None]
-    mask |= (k_pos == 0)[None, None, :]
+    if window is not None:
+        mask &= k_pos[None, None, :] > q_pos[:, :, None] - window
+    is_padding = rows[None, :] >= q_lens[:, None]  # [num_seqs, max_q]
+    mask |= (k_pos == 0)[None, None, :] & is_padding[:, :, None]
     bias = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill_(~mask, float("-inf"))
     return ReferenceGroup(tokens, blocks, bias[:, None], seq_of_token, row_of_token, num_seqs, max_q, num_keys)
 
@@ -132,6 +147,7 @@ def paged_attention_reference(
     max_seq_len=None,
     layout: ReferenceLayout | None = None,
     softcap: float | None = None,
+    window: int | None = None,
 ):
     """The spec. Vectorised over sequences: gathers each sequence's blocks (whole blocks, one copy of
     block_size * Hkv * D elements each), pads to the longest of its group (decodes, or prefill chunks).
@@ -139,11 +155,13 @@ def paged_attention_reference(
     layout: `reference_layout(...)` of these block tables and lengths, when the caller shares one across layers.
     softcap: scores become tanh(scores / softcap) * softcap before the mask and softmax (Gemma 2); only this
     reference implements it.
+    window: a sliding-window layer's window (keys p - window < j <= p); None attends to the whole context.
     """
     if query.shape[0] == 0:
         return torch.empty_like(query)
     if layout is None:
-        layout = reference_layout(block_tables, seq_lens, key_cache.shape[1], query_start_loc, max_seq_len)
+        layout = reference_layout(block_tables, seq_lens, key_cache.shape[1], query_start_loc, max_seq_len, window)
+    assert layout.window == window, "a layout masks for one window"
     if len(layout.groups) == 1:
         return _attend_group(query, key_cache, value_cache, scale, layout.groups[0], softcap)
     out = torch.empty_like(query)
@@ -216,6 +234,7 @@ def _paged_attention_kernel(
     num_q_heads,
     num_partitions,
     partition_size,
+    window,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -225,6 +244,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr,
     IS_DECODE: tl.constexpr,
     IS_SPLIT: tl.constexpr,
+    IS_WINDOWED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -260,6 +280,8 @@ def _paged_attention_kernel(
     k_end = tl.where(q_tile * BLOCK_Q < q_len, seq_len - q_len + tile_q_end, 0)
     lo = part * partition_size
     hi = tl.minimum(k_end, lo + partition_size)
+    if IS_WINDOWED:  # no key before the window of the tile's first query is read
+        lo = tl.maximum(lo, seq_len - q_len + q_tile * BLOCK_Q - window + 1)
 
     # The running max starts at a finite -1e30, not -inf, so exp2(m_old - m_new) is 1, not NaN, for
     # rows (padding, empty partitions) that see no key.
@@ -276,7 +298,10 @@ def _paged_attention_kernel(
         kv_mask = k_valid[:, None] & d_valid[None, :]
         k = tl.load(k_cache_ptr + offs[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, BLOCK_N], log2 units
-        s = tl.where((k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :], s, float("-inf"))
+        seen = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        if IS_WINDOWED:
+            seen = seen & (k_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -412,6 +437,7 @@ def paged_attention(
     max_seq_len=None,
     num_splits=None,
     plan=None,
+    window=None,
 ):
     """Attention of new query tokens over their sequences' paged KV cache (Triton).
 
@@ -430,6 +456,7 @@ def paged_attention(
         num_splits: KV partitions per decode sequence (flash-decoding); None picks by occupancy,
             1 disables. Prefill/extend never splits.
         plan: an AttentionPlan to launch instead of `plan_paged_attention`'s (tuning; gpu_check).
+        window: a sliding-window layer's window: query position p sees keys p - window < j <= p; None: all j <= p.
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     """
@@ -456,6 +483,8 @@ def paged_attention(
         )
     if seq_lens.dtype != torch.int32:
         raise TypeError(f"seq_lens must be int32, got {seq_lens.dtype}")
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window holds at least one key, got {window}")
     is_decode = query_start_loc is None
     if is_decode:
         if num_tokens != num_seqs:
@@ -529,6 +558,7 @@ def paged_attention(
         num_q_heads,
         num_partitions,
         plan.partition_size,
+        window or 0,
         GROUP=num_q_heads // num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
@@ -538,6 +568,7 @@ def paged_attention(
         BLOCK_D=plan.block_d,
         IS_DECODE=is_decode,
         IS_SPLIT=is_split,
+        IS_WINDOWED=window is not None,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,

@@ -17,7 +17,7 @@ from inferfleet_runtime.layers.linear import NativeLinear, pack_linears
 from inferfleet_runtime.loader import load_model
 
 from ..paged_greedy import greedy_paged
-from .test_paged_attention import DECODE_SEQ_LENS, VARLEN_BATCH, make_paged_batch, varlen_query
+from .test_paged_attention import DECODE_SEQ_LENS, VARLEN_BATCH, WINDOWS, make_paged_batch, varlen_query
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
 
@@ -88,6 +88,24 @@ def test_decode_attention_matches_reference(block_size, head_dim, heads):
     query = torch.randn(len(DECODE_SEQ_LENS) + 1, num_heads, head_dim, generator=torch.Generator().manual_seed(2))
     args = (query, key_cache, value_cache, block_tables, seq_lens, head_dim**-0.5)
     torch.testing.assert_close(NATIVE.paged_attention(*args), REFERENCE_OPS.paged_attention(*args), **TOLERANCE)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_windowed_attention_matches_reference(block_size, window):
+    num_heads, num_kv_heads, head_dim = 4, 2, 64
+    seq_lens = [s for s, _ in VARLEN_BATCH]
+    key_cache, value_cache, block_tables, seq_lens_t = make_paged_batch(
+        seq_lens, block_size, num_kv_heads, head_dim, torch.float32
+    )
+    query, query_start_loc, max_q = varlen_query(VARLEN_BATCH, num_heads, head_dim, torch.float32)
+    args = (query, key_cache, value_cache, block_tables, seq_lens_t, head_dim**-0.5)
+    kwargs = dict(query_start_loc=query_start_loc, max_query_len=max_q, window=window)
+    got = NATIVE.paged_attention(*args, **kwargs)
+    torch.testing.assert_close(got, REFERENCE_OPS.paged_attention(*args, **kwargs), **TOLERANCE)
+    decode = (query[: len(seq_lens)], key_cache, value_cache, block_tables, seq_lens_t, head_dim**-0.5)
+    got = NATIVE.paged_attention(*decode, window=window)
+    torch.testing.assert_close(got, REFERENCE_OPS.paged_attention(*decode, window=window), **TOLERANCE)
 
 
 @pytest.mark.parametrize("block_size", [8, 16])

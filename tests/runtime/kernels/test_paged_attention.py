@@ -19,6 +19,8 @@ DECODE_SEQ_LENS = [1, 7, 16, 17, 33]
 VARLEN_BATCH = [(1, 1), (9, 9), (21, 5), (16, 16), (34, 1), (40, 23)]
 # Split-KV decode: (seq_lens, num_splits).
 SPLIT_CASES = [([5, 70, 130], 4), ([128, 3, 200], 7), ([257], 128)]
+# Sliding windows: one key, windows inside a block, on a block's length, across blocks, longer than most contexts.
+WINDOWS = [1, 5, 8, 13, 40]
 
 
 def make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim, dtype, num_blocks=None, seed=0):
@@ -45,14 +47,18 @@ def make_paged_batch(seq_lens, block_size, num_kv_heads, head_dim, dtype, num_bl
     return key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32)
 
 
-def dense_causal_attention(q, k, v, scale):
-    """Independent spec for one sequence: q [Lq, Hq, D] are the last Lq of k, v [L, Hkv, D]."""
+def dense_causal_attention(q, k, v, scale, window=None):
+    """Independent spec for one sequence: q [Lq, Hq, D] are the last Lq of k, v [L, Hkv, D]; with a window, query
+    position p sees keys p - window < j <= p (transformers' sliding-window mask)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
     offset = k.shape[0] - q.shape[0]
-    allowed = torch.arange(k.shape[0])[None, :] <= torch.arange(q.shape[0])[:, None] + offset
+    k_pos, q_pos = torch.arange(k.shape[0])[None, :], torch.arange(q.shape[0])[:, None] + offset
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
     probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v)
 
@@ -88,7 +94,8 @@ def grid_cases():
     return cases
 
 
-def test_reference_matches_dense_causal_attention_per_sequence():
+@pytest.mark.parametrize("window", [None, *WINDOWS])
+def test_reference_matches_dense_causal_attention_per_sequence(window):
     block_size, (num_heads, num_kv_heads), head_dim = 8, (4, 2), 16
     seq_lens = [s for s, _ in VARLEN_BATCH]
     key_cache, value_cache, block_tables, seq_lens_t = make_paged_batch(
@@ -104,12 +111,13 @@ def test_reference_matches_dense_causal_attention_per_sequence():
         0.3,
         query_start_loc=query_start_loc,
         max_query_len=max_q,
+        window=window,
     )
     for b, (seq_len, _) in enumerate(VARLEN_BATCH):
         rows = slice(int(query_start_loc[b]), int(query_start_loc[b + 1]))
         k = gather_sequence(key_cache, block_tables[b], seq_len, block_size)
         v = gather_sequence(value_cache, block_tables[b], seq_len, block_size)
-        torch.testing.assert_close(out[rows], dense_causal_attention(query[rows], k, v, 0.3))
+        torch.testing.assert_close(out[rows], dense_causal_attention(query[rows], k, v, 0.3, window))
 
 
 @pytest.mark.parametrize("block_size, head_dim, heads, dtype", grid_cases())
@@ -162,6 +170,42 @@ def test_split_kv_decode_matches_reference(seq_lens, num_splits, dtype, toleranc
     torch.testing.assert_close(
         pa.paged_attention(*args, num_splits=num_splits), pa.paged_attention_reference(*args), **tolerance(dtype)
     )
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("heads", [(4, 2), (4, 1)], ids=lambda h: f"h{h[0]}kv{h[1]}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_windowed_prefill_and_extend_match_reference(window, heads, dtype, tolerance):
+    num_heads, num_kv_heads, head_dim = heads[0], heads[1], 32
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch(
+        [s for s, _ in VARLEN_BATCH], 8, num_kv_heads, head_dim, dtype
+    )
+    query, query_start_loc, max_q = varlen_query(VARLEN_BATCH, num_heads, head_dim, dtype)
+    args = (query, key_cache, value_cache, block_tables, seq_lens, head_dim**-0.5)
+    kwargs = dict(query_start_loc=query_start_loc, max_query_len=max_q, window=window)
+    expected = pa.paged_attention_reference(*args, **kwargs)
+    torch.testing.assert_close(pa.paged_attention(*args, **kwargs), expected, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("window", [1, 9, 40, 150])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_windowed_decode_matches_reference_split_or_not(window, num_splits, tolerance):
+    # Split: the partitions wholly before a query's window hold no key and must weigh nothing in the reduce.
+    block_size, num_heads, num_kv_heads, head_dim = 16, 4, 2, 64
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch(
+        [5, 70, 130], block_size, num_kv_heads, head_dim, torch.float32
+    )
+    query = torch.randn(3, num_heads, head_dim, generator=torch.Generator().manual_seed(4))
+    args = (query, key_cache, value_cache, block_tables, seq_lens, 0.125)
+    expected = pa.paged_attention_reference(*args, window=window)
+    got = pa.paged_attention(*args, num_splits=num_splits, window=window)
+    torch.testing.assert_close(got, expected, **tolerance(torch.float32))
+
+
+def test_rejects_a_window_of_no_keys():
+    key_cache, value_cache, block_tables, seq_lens = make_paged_batch([4], 8, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="at least one key"):
+        pa.paged_attention(torch.randn(1, 2, 16), key_cache, value_cache, block_tables, seq_lens, 0.25, window=0)
 
 
 def test_block_ids_beyond_16_bits_are_addressed(tolerance):
