@@ -1,7 +1,7 @@
 """Paged KV cache layout, the per-step attention metadata, and the paged attention the model is run with.
 
 The model calls one method of an attention object it is given per step, `forward(layer_index, q, k, v, scale)`
-(plus `softcap` for Gemma 2's soft-capped scores);
+(plus `softcap` for Gemma 2's soft-capped scores and `window` for a sliding-window layer);
 `PagedAttention` here is the serving one (the compiled export brings its own, `compiled.step.StaticSlotAttention`).
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from .config import ModelConfig
 from .kernels import KernelOps
-from .kernels.paged_attention import paged_attention_reference, reference_layout
+from .kernels.paged_attention import ReferenceLayout, paged_attention_reference, reference_layout
 
 # KV cache of one layer: (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -31,9 +31,11 @@ class AttentionBackend(Protocol):
         v: torch.Tensor,
         scale: float,
         softcap: float | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """q [T, Hq, D], k and v [T, Hkv, D] of this step's new tokens, rotated -> out [T, Hq, D] in q's dtype.
-        softcap: scores become tanh(scores / softcap) * softcap before the softmax (Gemma 2)."""
+        softcap: scores become tanh(scores / softcap) * softcap before the softmax (Gemma 2).
+        window: a sliding-window layer's; the query at position p sees keys p - window < j <= p (None: j <= p)."""
         ...
 
 
@@ -60,21 +62,17 @@ class AttentionMetadata:
 class PagedAttention:
     """One step's attention over the paged cache: each layer writes its new K/V into its cache, then attends.
 
-    Built once per step; what depends on the step and not the layer (the reference's gather rows and mask)
-    is derived here once and shared by every layer.
+    Built once per step; what depends on the step and not the layer (the reference's gather rows and mask, one
+    per window the layers use) is derived here once and shared by the layers.
     """
 
     def __init__(self, kv_caches: list[KVCache], meta: AttentionMetadata, ops: KernelOps):
         self.kv_caches, self.meta, self.ops = kv_caches, meta, ops
         self.kwargs: dict = {"max_seq_len": meta.max_seq_len}
-        self._layout = None  # the reference's, for soft-capped layers on another backend (built when first needed)
+        # The reference's layouts by window (on another backend, for soft-capped layers), built when first needed.
+        self._layouts: dict[int | None, ReferenceLayout] = {}
         if not meta.is_decode_only:
             self.kwargs.update(query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len)
-        if ops.backend == "reference":
-            block_size = kv_caches[0][0].shape[1]
-            self.kwargs["layout"] = reference_layout(
-                meta.block_tables, meta.seq_lens, block_size, self.kwargs.get("query_start_loc"), meta.max_seq_len
-            )
 
     def forward(
         self,
@@ -84,28 +82,26 @@ class PagedAttention:
         v: torch.Tensor,
         scale: float,
         softcap: float | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         key_cache, value_cache = self.kv_caches[layer_index]
         self.ops.write_kv(k, v, key_cache, value_cache, self.meta.slot_mapping)
-        if softcap is not None:  # only the torch reference soft-caps (the model logged the fallback at load)
-            return paged_attention_reference(
-                q, key_cache, value_cache, self.meta.block_tables, self.meta.seq_lens, scale, softcap=softcap,
-                **self._reference_kwargs(key_cache.shape[1]),
-            )  # fmt: skip
-        return self.ops.paged_attention(
-            q, key_cache, value_cache, self.meta.block_tables, self.meta.seq_lens, scale, **self.kwargs
-        )  # [T, Hq, D]
+        args = (q, key_cache, value_cache, self.meta.block_tables, self.meta.seq_lens, scale)
+        # Only the torch reference soft-caps (the model logged the fallback at load).
+        if softcap is not None or self.ops.backend == "reference":
+            layout = self._reference_layout(window, key_cache.shape[1])
+            return paged_attention_reference(*args, softcap=softcap, window=window, layout=layout, **self.kwargs)
+        return self.ops.paged_attention(*args, window=window, **self.kwargs)  # [T, Hq, D]
 
-    def _reference_kwargs(self, block_size: int) -> dict:
-        """The reference's keyword arguments, its layout built at most once per step whichever backend runs."""
-        if "layout" in self.kwargs:
-            return self.kwargs
-        if self._layout is None:
-            self._layout = reference_layout(
-                self.meta.block_tables, self.meta.seq_lens, block_size, self.kwargs.get("query_start_loc"),
-                self.meta.max_seq_len,
+    def _reference_layout(self, window: int | None, block_size: int) -> ReferenceLayout:
+        """The reference's layout for window, built at most once per step whichever backend runs."""
+        if window not in self._layouts:
+            meta = self.meta
+            self._layouts[window] = reference_layout(
+                meta.block_tables, meta.seq_lens, block_size, self.kwargs.get("query_start_loc"), meta.max_seq_len,
+                window,
             )  # fmt: skip
-        return {**self.kwargs, "layout": self._layout}
+        return self._layouts[window]
 
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, device: torch.device) -> list[KVCache]:

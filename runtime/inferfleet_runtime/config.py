@@ -49,6 +49,13 @@ class ModelConfig:
     final_logit_softcapping: float | None = None  # logits -> tanh(logits / c) * c
     local_rope_theta: float | None = None  # RoPE base of the layers in local_rope_layers (Gemma 3's sliding ones)
     local_rope_layers: tuple[int, ...] = ()
+    # Per layer, a sliding-window layer's window (its queries see the last `window` keys, their own included) or
+    # None for full attention; () when every layer attends to the whole context.
+    sliding_windows: tuple[int | None, ...] = ()
+
+    def window_of(self, layer_index: int) -> int | None:
+        """The sliding window of layer layer_index, None where it attends to the whole context."""
+        return self.sliding_windows[layer_index] if self.sliding_windows else None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype: str | torch.dtype | None = None) -> ModelConfig:
@@ -110,12 +117,18 @@ def resolve_dtype(value: str | torch.dtype | None) -> torch.dtype:
     return DTYPES[key]
 
 
-def refuse_sliding_window(hf: dict, is_sliding: list[bool]) -> None:
-    """ConfigError when a layer would attend through a window shorter than the context: the attention backends
-    have no windowed mask. A window at least max_position_embeddings long never drops a key, so it is full attention."""
-    window = hf.get("sliding_window")
-    if window and any(is_sliding) and window < hf.get("max_position_embeddings", 0):
-        raise ConfigError(f"sliding-window attention (sliding_window={window}) is not supported")
+def read_sliding_windows(hf: dict, is_sliding: list[bool], default: int | None = None) -> dict:
+    """ModelConfig's sliding_windows field: config.json's sliding_window (default where the key is absent, as the
+    family's transformers config has it) for the layers is_sliding marks, None for the others. A window at least
+    max_position_embeddings long never drops a key, so it is full attention."""
+    window = hf.get("sliding_window", default)
+    if window is None or not any(is_sliding):
+        return {}
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(f"sliding_window must be a positive number of tokens, got {window!r}")
+    if window >= hf.get("max_position_embeddings", 2048):
+        return {}
+    return {"sliding_windows": tuple(window if sliding else None for sliding in is_sliding)}
 
 
 def read_rope(hf: dict) -> tuple[float, dict | None]:

@@ -115,8 +115,8 @@ def test_old_and_new_rope_config_forms_agree():
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
         ({"torch_dtype": "float64"}, "dtype 'float64' is not supported"),
         (
-            {"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768},
-            "sliding-window attention \\(sliding_window=4096\\) is not supported",
+            {"model_type": "mistral", "sliding_window": 0, "max_position_embeddings": 32768},
+            "sliding_window must be a positive number of tokens, got 0",
         ),
     ],
 )

@@ -48,7 +48,9 @@ class Case(NamedTuple):
     has_reference_only_ops: bool = False
 
 
-# Sliding windows as long as the context (256) attend as full attention; shorter ones are refused (see below).
+# Sliding windows as long as the context (256) attend as full attention. The "-window" cases have windows shorter
+# than the longer prompts (up to 22 tokens, plus 10 generated) and not multiples of the tests' 4-token blocks, so
+# windows start inside blocks, drop whole blocks and slide while decoding and across prefill chunks.
 CASES = {
     "llama": Case("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": Case("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6)),
@@ -64,7 +66,12 @@ CASES = {
         "Qwen3ForCausalLM",
         dict(head_dim=24, num_key_value_heads=1, attention_bias=True),
     ),
+    "mistral-window": Case("MistralConfig", "MistralForCausalLM", dict(sliding_window=9)),
+    "qwen2-window": Case(
+        "Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=7, max_window_layers=1)
+    ),
     "phi3": Case("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=4)),
+    "phi3-window": Case("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=11)),
     "phi3-gqa": Case("Phi3Config", "Phi3ForCausalLM", dict()),
     "gemma2": Case(
         "Gemma2Config",
@@ -80,6 +87,27 @@ CASES = {
         has_native_forward=False,
         has_reference_only_ops=True,
     ),  # fmt: skip
+    "gemma2-window": Case(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        # Layer 0 slides (every other layer, from the first), layer 1 attends to everything.
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=6,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        ),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),  # fmt: skip
+    "gemma3-text-window": Case(
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(head_dim=32, sliding_window=10, layer_types=["full_attention", "sliding_attention"]),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),
     "gemma3-text": Case(
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
@@ -232,16 +260,51 @@ def test_unsupported_family_is_refused_naming_the_supported_ones():
 
 
 @pytest.mark.parametrize(
-    "family, change",
+    "family, change, windows",
     [
-        ("qwen2", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0)),
-        ("qwen3", dict(layer_types=["full_attention", "sliding_attention"], sliding_window=32)),
-        ("phi3", dict(sliding_window=32)),
-        ("gemma2", dict(sliding_window=32)),
-        ("gemma3_text", dict(sliding_window=32, layer_types=["sliding_attention", "full_attention"])),
+        ("mistral", dict(sliding_window=32), (32, 32, 32)),
+        ("mistral", dict(sliding_window=None), ()),
+        # transformers' default where config.json names no window
+        ("mistral", dict(max_position_embeddings=32768), (4096, 4096, 4096)),
+        ("llama", dict(), ()),
+        ("qwen2", dict(use_sliding_window=True, sliding_window=32, max_window_layers=1), (None, 32, 32)),
+        ("qwen2", dict(use_sliding_window=False, sliding_window=32, max_window_layers=0), ()),
+        (
+            "qwen3",
+            dict(
+                use_sliding_window=True,
+                sliding_window=32,
+                layer_types=["full_attention", "sliding_attention", "full_attention"],
+            ),
+            (None, 32, None),
+        ),
+        ("phi3", dict(sliding_window=2047), (2047, 2047, 2047)),
+        ("phi3", dict(sliding_window=4096), ()),  # as long as the context: full attention
+        ("gemma2", dict(sliding_window=32), (32, None, 32)),
+        ("gemma3_text", dict(sliding_window=32, sliding_window_pattern=3), (32, 32, None)),
+        (
+            "gemma3_text",
+            dict(sliding_window=32, layer_types=["full_attention", "sliding_attention", "full_attention"]),
+            (None, 32, None),
+        ),
     ],
 )
-def test_a_window_shorter_than_the_context_is_refused(family, change):
-    hf = {"model_type": family, **TINY, "num_hidden_layers": 2, **change}
-    with pytest.raises(ConfigError, match="sliding-window attention \\(sliding_window=32\\) is not supported"):
+def test_each_layers_sliding_window_is_read_from_config_json(family, change, windows):
+    hf = {"model_type": family, **TINY, "num_hidden_layers": 3, "max_position_embeddings": 4096, **change}
+    config = ModelConfig.from_hf(hf)
+    assert config.sliding_windows == windows
+    assert [config.window_of(i) for i in range(3)] == list(windows or (None, None, None))
+
+
+@pytest.mark.parametrize("window", [0, -4, "8", 8.5])
+def test_a_window_of_no_whole_tokens_is_refused(window):
+    hf = {"model_type": "mistral", **TINY, "sliding_window": window}
+    with pytest.raises(ConfigError, match="sliding_window must be a positive number of tokens"):
+        ModelConfig.from_hf(hf)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_bidirectional_attention_is_refused(family):
+    hf = {"model_type": family, **TINY, "sliding_window": 32, "use_bidirectional_attention": True}
+    with pytest.raises(ConfigError, match="bidirectional attention \\(use_bidirectional_attention\\) is not supported"):
         ModelConfig.from_hf(hf)

@@ -19,8 +19,9 @@ class StaticSlotAttention:
     """One step's attention over static KV slots for a [B, L] grid of new tokens (row b: slot slot_ids[b]).
 
     Row b's new tokens sit at positions start_pos[b] + 0..L-1, the first num_new[b] real and the rest padding;
-    a query sees its slot's cached keys before start_pos[b] and the real new keys up to itself. The new K/V of
-    every layer are collected in `new_kv` for the runner to store.
+    a query sees its slot's cached keys before start_pos[b] and the real new keys up to itself (in a sliding-window
+    layer, only the last `window` of those positions). The new K/V of every layer are collected in `new_kv` for the
+    runner to store.
     """
 
     def __init__(
@@ -40,6 +41,12 @@ class StaticSlotAttention:
             offsets[None, None, :] < num_new[:, None, None]
         )  # [B, L, L]
         self.mask = torch.cat((sees_cache[:, None, :].expand(batch, length, -1), sees_new), dim=-1)  # [B, L, C + L]
+        # Positions of the queries [B, L] and of the keys [B, C + L] (cache column c holds position c), and the
+        # padding rows [B, L], which keep their causal mask in a window so that no row's softmax is empty.
+        self.q_pos = start_pos[:, None] + offsets[None, :]
+        self.k_pos = torch.cat((torch.arange(max_context_length, device=device).expand(batch, -1), self.q_pos), dim=1)
+        self.is_padding = offsets[None, :] >= num_new[:, None]
+        self.window_masks: dict[int, torch.Tensor] = {}
         self.cache = kv_cache[:, :, slot_ids]  # [layers, 2, B, C, Hkv, D]
         self.new_kv: list[torch.Tensor] = []  # per layer [2, B, L, Hkv, D]
 
@@ -51,6 +58,7 @@ class StaticSlotAttention:
         v: torch.Tensor,
         scale: float,
         softcap: float | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         assert layer_index == len(self.new_kv), "layers run in order, once each"
         num_tokens, num_heads, head_dim = q.shape
@@ -62,17 +70,25 @@ class StaticSlotAttention:
         values = torch.cat((self.cache[layer_index, 1], v), dim=1)
         q = q.view(batch, length, num_heads, head_dim).float().transpose(1, 2)  # [B, Hq, L, D]
         keys, values = keys.float().transpose(1, 2), values.float().transpose(1, 2)  # [B, Hkv, C + L, D]
+        mask = self.mask if window is None else self._window_mask(window)
         if softcap is not None:
-            bias = torch.zeros(self.mask.shape, device=q.device).masked_fill(~self.mask, float("-inf"))[:, None]
+            bias = torch.zeros(mask.shape, device=q.device).masked_fill(~mask, float("-inf"))[:, None]
             out = softcapped_attention(q, keys, values, bias, scale, softcap)
         else:
             group = num_heads // num_kv_heads
             if group > 1:  # each kv head serves `group` query heads
                 keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, keys, values, attn_mask=self.mask[:, None], scale=scale
+                q, keys, values, attn_mask=mask[:, None], scale=scale
             )  # [B, Hq, L, D]
         return out.transpose(1, 2).reshape(num_tokens, num_heads, head_dim).to(dtype)
+
+    def _window_mask(self, window: int) -> torch.Tensor:
+        """self.mask [B, L, C + L] less, for real rows, the keys window or more positions before the query."""
+        if window not in self.window_masks:
+            in_window = self.k_pos[:, None, :] > self.q_pos[:, :, None] - window  # [B, L, C + L]
+            self.window_masks[window] = self.mask & (in_window | self.is_padding[:, :, None])
+        return self.window_masks[window]
 
 
 class StaticStep(nn.Module):

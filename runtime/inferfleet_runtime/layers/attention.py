@@ -1,5 +1,6 @@
 """Self-attention of one decoder layer: fused q/k/v projection, optional per-head q/k RMSNorm, RoPE, the step's
-attention backend (paged or static slots, scores optionally soft-capped), output projection."""
+attention backend (paged or static slots, scores optionally soft-capped, keys optionally within a sliding window),
+output projection."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = (config.query_pre_attn_scalar or self.head_dim) ** -0.5
         self.softcap = config.attn_logit_softcapping
+        self.window = config.window_of(layer_index)
         # q, k and v projections fused into one matmul; the loader fills the three row ranges.
         qkv_bias = config.attention_bias or config.qkv_bias
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
@@ -41,5 +43,5 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # v: [T, Hkv, D]
         q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
-        out = attn.forward(self.layer_index, q, k, v, self.scale, self.softcap)  # [T, Hq, D]
+        out = attn.forward(self.layer_index, q, k, v, self.scale, self.softcap, self.window)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))  # [T, hidden]

@@ -2,8 +2,9 @@
 Gemma's differences. Norms scale by (1 + weight), and besides the norm before attention and before the MLP each
 output is normalised too (four per layer); GeGLU-tanh; embeddings scaled by sqrt(hidden_size); attention scaled by
 query_pre_attn_scalar^-1/2. Gemma 2 soft-caps attention scores and the final logits; Gemma 3 normalises q and k per
-head and gives its sliding-window layers their own RoPE base. Sliding windows shorter than the context are refused:
-the attention backends have no windowed mask."""
+head and gives its sliding-window layers their own RoPE base. Sliding-window layers (Gemma 2: every other one; Gemma
+3: as layer_types or sliding_window_pattern says) pass their window to the attention backend; bidirectional
+attention (use_bidirectional_attention, an encoder's) is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend
-from ..config import ConfigError, ModelConfig, read_rope, refuse_sliding_window
+from ..config import ConfigError, ModelConfig, read_rope, read_sliding_windows
 from ..kernels import KernelOps
 from ..layers.attention import Attention
 from ..layers.mlp import GatedMLP
@@ -52,7 +53,8 @@ def gemma3_config_fields(hf: dict) -> dict:
 
 
 def _gemma_fields(hf: dict, sliding: list[bool]) -> dict:
-    refuse_sliding_window(hf, sliding)
+    if hf.get("use_bidirectional_attention"):
+        raise ConfigError("bidirectional attention (use_bidirectional_attention) is not supported")
     activation = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
     if activation != "gelu_pytorch_tanh":
         raise ConfigError(f"activation {activation!r} is not supported (supported: gelu_pytorch_tanh)")
@@ -64,6 +66,7 @@ def _gemma_fields(hf: dict, sliding: list[bool]) -> dict:
         "attn_logit_softcapping": hf.get("attn_logit_softcapping"),
         "final_logit_softcapping": hf.get("final_logit_softcapping"),
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", True)),  # Gemma's default
+        **read_sliding_windows(hf, sliding, default=4096),  # transformers' default
     }
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend, PagedAttention
-from ..config import ModelConfig, refuse_sliding_window
+from ..config import ModelConfig, read_sliding_windows
 from ..kernels import KernelOps, native
 from ..layers.attention import Attention
 from ..layers.linear import NativeLinear
@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def config_fields(hf: dict) -> dict:
-    """Llama and Mistral: nothing beyond the common fields; a window shorter than the context is refused."""
-    refuse_sliding_window(hf, [True])
-    return {}
+    """Llama and Mistral: the common fields, and Mistral's sliding_window on every layer (4096 where its config.json
+    has no such key, null meaning none)."""
+    default = 4096 if hf.get("model_type") == "mistral" else None
+    return read_sliding_windows(hf, [True] * hf["num_hidden_layers"], default)
 
 
 class DecoderLayer(nn.Module):
@@ -133,5 +134,5 @@ def native_decoder_weights(model: LlamaModel) -> native.DecoderWeights:
         layers=layers, embed=model.embed_tokens.weight.detach(), final_norm=model.norm.weight.detach(),
         cos_sin=model.cos_sin_cache, num_q_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim, intermediate=config.intermediate_size, eps=config.rms_norm_eps,
-        scale=model.layers[0].self_attn.scale,
+        scale=model.layers[0].self_attn.scale, windows=[config.window_of(i) for i in range(config.num_layers)],
     )  # fmt: skip

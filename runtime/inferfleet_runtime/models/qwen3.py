@@ -3,10 +3,9 @@ before RoPE, an explicit head_dim (often not hidden_size / num_heads) and attent
 
 from __future__ import annotations
 
-from ..config import refuse_sliding_window
+from ..config import read_sliding_windows
 from .qwen2 import qwen_sliding_layers
 
 
 def config_fields(hf: dict) -> dict:
-    refuse_sliding_window(hf, qwen_sliding_layers(hf))
-    return {"qk_norm": True}
+    return {"qk_norm": True, **read_sliding_windows(hf, qwen_sliding_layers(hf))}

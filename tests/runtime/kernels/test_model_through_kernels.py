@@ -10,10 +10,12 @@ from inferfleet_runtime.loader import load_model
 
 from ..paged_greedy import greedy_paged
 
-# Tiny Llama checkpoints: GQA with head_dim 16, and MQA with a non-power-of-two head_dim (80).
+# Tiny Llama checkpoints: GQA with head_dim 16, MQA with a non-power-of-two head_dim (80), and a sliding window.
 CONFIGS = {
     "gqa-d16": dict(num_attention_heads=4, num_key_value_heads=2),
     "mqa-d80": dict(hidden_size=160, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96),
+    # Mistral with a 5-token window: shorter than all but the shortest prompts, sliding across 4-token blocks.
+    "mistral-window": dict(classes=("MistralConfig", "MistralForCausalLM"), num_key_value_heads=2, sliding_window=5),
 }
 PROMPT_LENGTHS = [1, 3, 8, 13]
 NUM_NEW_TOKENS = 5

@@ -267,6 +267,8 @@ FORWARD_CONFIGS = {
     "mqa-bias-wide-heads": dict(num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True),
     "head-dim-64": dict(num_attention_heads=2, num_key_value_heads=2, hidden_size=128),
     "qwen3-qk-norm": dict(classes=("Qwen3Config", "Qwen3ForCausalLM"), head_dim=32, attention_bias=True),
+    # A window of 7 keys: inside a 16-token block, then across a block edge as the contexts grow.
+    "mistral-window": dict(classes=("MistralConfig", "MistralForCausalLM"), sliding_window=7),
 }
 
 
