@@ -15,10 +15,14 @@ from inferfleet_runtime import demo_text
 from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
 from inferfleet_runtime.compiled.step import StaticStep
 from inferfleet_runtime.config import ConfigError, ModelConfig
+from inferfleet_runtime.engine import LLMEngine
+from inferfleet_runtime.engine_config import EngineConfig
 from inferfleet_runtime.kernels import native
 from inferfleet_runtime.layers.linear import pack_linears
 from inferfleet_runtime.loader import load_model
+from inferfleet_runtime.model_runner import ModelRunner
 from inferfleet_runtime.models import FAMILIES, SUPPORTED_MODEL_TYPES
+from inferfleet_runtime.sampling import SamplingParams
 
 from .paged_greedy import greedy_paged, hf_greedy, truncate_after_eos
 
@@ -204,6 +208,28 @@ def test_greedy_matches_transformers_for_each_family(family_checkpoint, name, ba
     # The reference must not be degenerate, or the comparison would prove little.
     assert len({tuple(out) for out in expected}) == len(PROMPT_LENGTHS)
     assert sum(len(out) for out in expected) >= 0.8 * NUM_NEW_TOKENS * len(PROMPT_LENGTHS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", [name for name in CASES if name.endswith("-window")])
+def test_engine_serves_windowed_families_as_transformers_through_prefix_hits_and_chunks(
+    family_checkpoint, name, backend
+):
+    # The engine's own block tables: 7-token prefill chunks over 4-token blocks, and the prompts run a second time
+    # from the prefix cache, whose blocks the windows start inside.
+    if backend == "native" and native.library() is None:
+        pytest.skip(native.unavailable_reason())
+    model_dir, expected, _ = family_checkpoint(name)
+    lm = load_model(model_dir, device="cpu", kernels=backend)
+    config = EngineConfig(block_size=4, num_kv_blocks=96, max_num_batched_tokens=7, kernels=backend, device="cpu")
+    engine = LLMEngine(ModelRunner(lm, config), config)
+    greedy = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
+    for _ in range(2):
+        outputs = engine.generate(prompts_for(name), greedy)
+        got = [output.outputs[0].token_ids for output in outputs]
+        assert truncate_after_eos(got, lm.config.eos_token_ids) == expected
+    assert engine.block_manager.num_prefix_hit_tokens >= 8  # the second round hit at least the longest prompts' blocks
 
 
 @pytest.mark.parametrize("name", list(CASES))
