@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KERNEL_BACKENDS = ("auto", "triton", "native", "reference")
+QUANTIZATIONS = ("none", "int8", "int4")  # load-time weight-only quantization of a float checkpoint
 
 
 @dataclass
@@ -18,6 +19,7 @@ class EngineConfig:
     max_queue_len: int = 1024  # waiting requests beyond this are refused (HTTP 429)
     enable_prefix_caching: bool = True
     kernels: str = "auto"
+    quantization: str = "none"
     dtype: str | None = None
     device: str | None = None
     seed: int = 0  # seeds sampling of requests that give no seed
@@ -39,3 +41,5 @@ class EngineConfig:
             raise ValueError(f"max_queue_len must not be negative, got {self.max_queue_len}")
         if self.kernels not in KERNEL_BACKENDS:
             raise ValueError(f"kernels must be one of {', '.join(KERNEL_BACKENDS)}, got {self.kernels!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")

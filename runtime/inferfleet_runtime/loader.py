@@ -15,6 +15,7 @@ from .config import ModelConfig
 from .device import pick_device
 from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
+from .layers.quantized import quantize_linears
 from .models import build_model
 from .tokenizer import Tokenizer
 
@@ -46,10 +47,12 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     kernels: str = "auto",
+    quantization: str = "none",
 ) -> LoadedModel:
     """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's.
 
-    model_dir is a Hugging Face checkpoint directory, a .gguf file or a directory holding one .gguf."""
+    model_dir is a Hugging Face checkpoint directory, a .gguf file or a directory holding one .gguf; quantization
+    int8 or int4 quantizes the decoder's linears once loaded (layers.quantized)."""
     model_dir = Path(model_dir)
     gguf_file = find_gguf(model_dir)
     if gguf_file is not None:
@@ -69,6 +72,7 @@ def load_model(
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
+    quantize_linears(model, quantization)
     model.init_rope()
     return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 

@@ -54,7 +54,13 @@ class ModelRunner:
     def from_model_dir(cls, model_dir: str | Path, config: EngineConfig, model_name: str | None = None) -> ModelRunner:
         from inferfleet_runtime.loader import load_model
 
-        loaded = load_model(model_dir, dtype=config.dtype, device=config.device, kernels=config.kernels)
+        loaded = load_model(
+            model_dir,
+            dtype=config.dtype,
+            device=config.device,
+            kernels=config.kernels,
+            quantization=config.quantization,
+        )
         return cls(loaded, config, model_name)
 
     def _num_blocks_for_budget(self, config: EngineConfig) -> int:

@@ -251,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         help="torch CPU threads for every engine (default 1: no oversubscription on a shared "
         "machine; 0 keeps torch's default)",
     )
+    parser.add_argument(
+        "--quantization", choices=("none", "int8", "int4"), default="none", help="the paged engine's weights"
+    )
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -263,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = Path(args.model) if args.model else ensure_demo_model()
     top = max(levels)
-    paged = LLMEngine.from_model_dir(model_dir, EngineConfig(device="cpu", max_num_seqs=top, kernels="auto"))
+    paged = LLMEngine.from_model_dir(
+        model_dir, EngineConfig(device="cpu", max_num_seqs=top, kernels="auto", quantization=args.quantization)
+    )
     tokenizer = paged.tokenizer
     hf = load_hf(model_dir)
     pad_id = hf.generation_config.pad_token_id

@@ -3,10 +3,15 @@ swaps them in."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from ..kernels import native
+from .quantized import has_quantized_linears
+
+log = logging.getLogger(__name__)
 
 # Rows the packed layout is chosen for: at 32 the layout served batch 1 and 128 within 6% of their own best
 # (33 matmuls of the `bench compare` model, 2 threads).
@@ -87,5 +92,8 @@ def pack_linears(model: nn.Module, min_weight: int = PACKED_LINEAR_MIN_WEIGHT) -
         parent_name, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent_name), leaf, replacement(module))
     if native_backend and hasattr(model, "enable_native_forward"):
-        model.enable_native_forward()
+        if has_quantized_linears(model):  # native.c's whole-stack forward reads float panels only
+            log.info("Kept the quantized model op by op on the native kernels: native.c has no quantized matmul")
+        else:
+            model.enable_native_forward()
     return len(targets)

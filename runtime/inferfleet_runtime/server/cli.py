@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from inferfleet_runtime.engine_config import KERNEL_BACKENDS, EngineConfig
+from inferfleet_runtime.engine_config import KERNEL_BACKENDS, QUANTIZATIONS, EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     parser.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help="quantize a float checkpoint's linear weights at load: int8 per output channel, int4 group-wise "
+        "(paged engine only)",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument(
         "--api-key",
@@ -88,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_queue_len=args.max_queue_len,
         enable_prefix_caching=not args.no_prefix_caching,
         kernels=args.kernels,
+        quantization=args.quantization,
         dtype=None if args.dtype in (None, "auto") else args.dtype,
         device=args.device,
     )
@@ -128,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.engine_dir:
             return _fail("--engine compiled needs --engine-dir DIR")
+        if config.quantization != "none":
+            return _fail("--quantization needs the paged engine: a compiled engine serves float weights only")
         try:
             from inferfleet_runtime import compiled
         except ImportError as exc:

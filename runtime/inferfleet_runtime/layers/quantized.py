@@ -1,0 +1,159 @@
+"""Weight-only quantized linear layers (int8 per output channel, int4 group-wise packed two per byte) with a torch
+reference forward, and the pass that quantizes a loaded float model's linears.
+
+Math: a weight row r, split into groups of `group_size` input columns, is stored as integers q and one scale s (and
+optionally an integer zero point z) per group: W[r, c] ~ (q[r, c] - z[r, g(c)]) * s[r, g(c)]. Symmetric
+quantization has z = 0 and s = max|W[r, group]| / qmax (qmax 127 for int8, 7 for int4), so every element is off
+by at most s / 2 and the output y = x W^T by at most sum_c |x[c]| * s[r, g(c)] / 2 (plus float rounding).
+
+Layouts (out rows, `in` columns, G = in / group_size groups per row):
+- qweight: int8 [out, in] for 8 bits; uint8 [out, in / 2] for 4 bits, column 2k in the low nibble and 2k+1 in
+  the high one, each nibble holding q + 8 (q in [-8, 7]);
+- scales: [out, G] in the serving dtype; zeros: None (symmetric) or int8 [out, G] in q's range.
+Every tensor is per output row, so a fused projection's row range (q/k/v, gate/up) is a narrow along dim 0.
+
+The forward dequantizes the whole weight per call into the serving dtype and runs one matmul: correct first, it
+reads the weight about three times per call. Native and Triton kernels that read the packed weights directly are
+not built yet (docs/known-gaps.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+log = logging.getLogger(__name__)
+
+QUANTIZATION_METHODS = ("none", "int8", "int4")
+INT4_GROUP_SIZES = (128, 32)  # the first that divides a layer's input width is used
+
+
+class QuantizedLinear(nn.Module):
+    """y = x W^T + b with W held as `bits`-bit integers and per-group scales (see the module docstring)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bits: int,
+        group_size: int,
+        has_bias: bool = False,
+        has_zeros: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        if bits not in (4, 8):
+            raise ValueError(f"quantized linears hold 4 or 8 bit weights, not {bits}")
+        if in_features % group_size or (bits == 4 and group_size % 2):
+            raise ValueError(f"group size {group_size} does not split {in_features} input columns")
+        self.in_features, self.out_features = in_features, out_features
+        self.bits, self.group_size = bits, group_size
+        num_groups = in_features // group_size
+        packed_cols = in_features if bits == 8 else in_features // 2
+        qdtype = torch.int8 if bits == 8 else torch.uint8
+        self.register_buffer("qweight", torch.zeros(out_features, packed_cols, dtype=qdtype, device=device))
+        self.register_buffer("scales", torch.ones(out_features, num_groups, dtype=dtype, device=device))
+        zeros = torch.zeros(out_features, num_groups, dtype=torch.int8, device=device) if has_zeros else None
+        self.register_buffer("zeros", zeros)
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if has_bias else None)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, bits: int, group_size: int | None = None) -> QuantizedLinear:
+        """Symmetric quantization of a float linear: per output channel when group_size is None."""
+        weight = linear.weight.detach()
+        out_features, in_features = weight.shape
+        group_size = group_size or in_features
+        layer = cls(
+            in_features, out_features, bits, group_size, linear.bias is not None,
+            dtype=weight.dtype, device=weight.device,
+        )  # fmt: skip
+        q, scales = quantize_symmetric(weight, bits, group_size)
+        layer.qweight.copy_(pack_int4(q) if bits == 4 else q)
+        layer.scales.copy_(scales)
+        if linear.bias is not None:
+            layer.bias.copy_(linear.bias.detach())
+        return layer
+
+    def int_weight(self) -> torch.Tensor:
+        """The integers q: int8 [out, in] (int4 values unpacked into [-8, 7])."""
+        return self.qweight if self.bits == 8 else unpack_int4(self.qweight)
+
+    def dequantize(self) -> torch.Tensor:
+        """W in the scales' dtype: [out, in]."""
+        q = self.int_weight().view(self.out_features, -1, self.group_size).to(self.scales.dtype)  # [out, G, gs]
+        if self.zeros is not None:
+            q = q - self.zeros.to(q.dtype)[..., None]
+        return (q * self.scales[..., None]).view(self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantize(), self.bias)  # [T, in] -> [T, out]
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, group_size={self.group_size}"
+
+
+def quantize_symmetric(weight: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [out, in], scales [out, G] in weight's dtype): round-to-nearest with s = max|group| / qmax."""
+    qmax = 127 if bits == 8 else 7
+    out_features, in_features = weight.shape
+    groups = weight.float().view(out_features, in_features // group_size, group_size)  # [out, G, gs]
+    # An all-zero group keeps scale 1 (any scale gives q = 0) rather than dividing by zero.
+    scales = groups.abs().amax(dim=-1) / qmax
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    scales = scales.to(weight.dtype).float()  # round as stored, so q is computed against the scale used
+    q = torch.round(groups / scales[..., None]).clamp(-qmax - 1, qmax).to(torch.int8)
+    return q.view(out_features, in_features), scales.to(weight.dtype)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """int8 [out, in] in [-8, 7] -> uint8 [out, in / 2]: column 2k in the low nibble, 2k+1 in the high one."""
+    u = (q.to(torch.int16) + 8).to(torch.uint8)
+    return u[:, 0::2] | (u[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [out, in / 2] -> int8 [out, in] in [-8, 7] (pack_int4's inverse)."""
+    low = (packed & 0x0F).to(torch.int8) - 8
+    high = (packed >> 4).to(torch.int8) - 8
+    return torch.stack((low, high), dim=-1).view(packed.shape[0], -1)
+
+
+def int4_group_size(in_features: int) -> int | None:
+    return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
+
+
+@torch.no_grad()
+def quantize_linears(model: nn.Module, method: str) -> int:
+    """Replaces every nn.Linear of the decoder layers (not the embeddings nor lm_head, which is often tied to them)
+    by a QuantizedLinear holding int8 (per output channel) or int4 (group-wise) weights; the float weights are
+    dropped. Returns how many linears were replaced; ValueError for an unknown method or an input width no int4
+    group size divides."""
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}")
+    if method == "none":
+        return 0
+    bits = 8 if method == "int8" else 4
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
+    for name, linear in targets:
+        group_size = None
+        if bits == 4:
+            group_size = int4_group_size(linear.in_features)
+            if group_size is None:
+                raise ValueError(
+                    f"int4 needs an input width divisible by {' or '.join(map(str, INT4_GROUP_SIZES))}; "
+                    f"{name} has {linear.in_features}"
+                )
+        parent_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), leaf, QuantizedLinear.from_float(linear, bits, group_size))
+    if targets and targets[0][1].weight.device.type == "cuda":
+        torch.cuda.empty_cache()  # so the KV budget, sized from free memory, sees the float weights gone
+    log.info("Quantized %d linear layers of the model to %s weights (torch reference forward)", len(targets), method)
+    return len(targets)
+
+
+def has_quantized_linears(model: nn.Module) -> bool:
+    return any(isinstance(m, QuantizedLinear) for m in model.modules())
