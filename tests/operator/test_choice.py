@@ -101,3 +101,12 @@ def test_choose_runtimes_splits_chosen_and_excluded():
         parse_service(service(placement={"vendors": ["nvidia", "cpu"]})).spec, list(POOLS.values()), PARSED
     )
     assert sorted(c.pool.vendor for c in chosen) == ["cpu", "nvidia"] and [x.pool.vendor for x in excluded] == ["amd"]
+
+
+def test_a_quantized_model_is_served_paged_where_a_compiled_runtime_fits_and_excluded_under_policy_compiled():
+    model = {"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "quantization": "Int4"}
+    result = choose("nvidia", model=model)
+    assert isinstance(result, PoolChoice) and (result.engine, result.runtime.name) == ("Paged", "paged-cuda")
+    assert "model.quantization Int4 needs the paged engine (compiled engines serve float weights only)" in result.reason
+    excluded = choose("nvidia", model=model, runtime={"policy": "Compiled"})
+    assert isinstance(excluded, Excluded) and "policy Compiled but model.quantization Int4" in excluded.reason

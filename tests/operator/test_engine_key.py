@@ -53,3 +53,9 @@ def test_each_input_changes_the_key():
     ]
     keys = {engine_key(*v) for v in variants}
     assert base not in keys and len(keys) == len(variants)
+
+
+def test_runtime_quantization_changes_the_key_and_the_checkpoints_own_weights_do_not():
+    assert engine_key(*ARGS, "Auto") == engine_key(*ARGS) == engine_key(*ARGS, "None")
+    keys = {engine_key(*ARGS), engine_key(*ARGS, "Int8"), engine_key(*ARGS, "Int4")}
+    assert len(keys) == 3

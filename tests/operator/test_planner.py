@@ -318,3 +318,26 @@ def test_a_first_rollout_names_the_excluded_pools_in_its_one_event():
     previous = {**first.status, "excludedPools": []}
     again = plan(service(runtime={"policy": "Paged"}, placement={"vendors": ["nvidia"]}, status=previous))
     assert [e.reason for e in again.events] == ["PoolExcluded"]
+
+
+@pytest.mark.parametrize(
+    "quantization, flag", [("Int8", ["--quantization", "int8"]), ("Int4", ["--quantization", "int4"])]
+)
+def test_a_quantized_model_is_served_paged_everywhere_with_the_flag_and_no_build(quantization, flag):
+    model = {"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "quantization": quantization}
+    p = plan(service(replicas=4, model=model))
+    assert p.engine_builds == []  # compiled engines serve float weights only: nothing to build
+    entry = pool(p, "nvidia-h100-80gb-hbm3")
+    assert (entry["engine"], entry["servingEngine"], entry["reason"]) == ("Paged", "Paged", "ServingPaged")
+    assert f"model.quantization {quantization} needs the paged engine" in entry["choiceReason"]
+    for deployment in (d for d in p.children if d["kind"] == "Deployment"):
+        served = args(deployment)
+        assert served[served.index("--quantization") :][:2] == flag
+
+
+@pytest.mark.parametrize("quantization", ["Auto", "None"])
+def test_an_unquantized_model_passes_no_quantization_flag_and_still_compiles(quantization):
+    model = {"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "quantization": quantization}
+    p = plan(service(replicas=4, model=model))
+    assert len(p.engine_builds) == 1
+    assert all("--quantization" not in args(d) for d in p.children if d["kind"] == "Deployment")

@@ -24,6 +24,7 @@ from inferfleet_operator.api.types import (
     ENGINES,
     FALLBACKS,
     POLICIES,
+    QUANTIZATIONS,
     TENSOR_PARALLEL_SIZES,
     VENDORS,
     default_of,
@@ -283,6 +284,13 @@ def inference_service() -> dict:
                         "AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL for s3://. The operator never reads it.",
                         pattern=SECRET_NAME_PATTERN,
                         max_length=253,
+                    ),
+                    "quantization": string(
+                        "Weight quantization. Auto: as the checkpoint says (float weights, or its own quantization_config). None: float. "
+                        "Int8 (per output channel) or Int4 (group-wise): a float checkpoint quantized by the runtime at load, weight-only. "
+                        "Compiled engines serve float weights only: with Int8 or Int4 a pool a Compiled runtime fits is served paged.",
+                        default_of(api.ModelSpec, "quantization"),
+                        QUANTIZATIONS,
                     ),
                 },
                 required=("name", "uri"),

@@ -13,6 +13,8 @@ POLICIES = ("Auto", "Paged", "Compiled")
 FALLBACKS = ("Paged", "None")
 ENGINES = ("Paged", "Compiled")
 DTYPES = ("float16", "bfloat16", "float32")
+# Auto: as the checkpoint says (float, or its own quantization_config); Int8/Int4: quantized by the runtime at load.
+QUANTIZATIONS = ("Auto", "None", "Int8", "Int4")
 BLOCK_SIZES = (8, 16, 32, 64)
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 URI_SCHEMES = ("pvc", "hf", "file", "s3")
@@ -62,6 +64,12 @@ class ModelSpec:
     size: str = ""
     # A Secret in the service's namespace whose keys are env vars of `fetch` (HF_TOKEN, AWS_*); "" = none.
     credentials_secret: str = ""
+    quantization: str = "Auto"  # QUANTIZATIONS
+
+    @property
+    def runtime_quantization(self) -> str | None:
+        """`serve --quantization`'s value ("int8", "int4"), or None when the runtime quantizes nothing itself."""
+        return self.quantization.lower() if self.quantization in ("Int8", "Int4") else None
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,12 @@ def _choose_engine(spec: InferenceServiceSpec, pool: Pool, fitting: list[Inferen
     compiled_candidates = [r for r in fitting if r.spec.engine == "Compiled"]
     compiled = None
     compiled_note = f"no Compiled InferenceRuntime supports {_where(pool)}"
-    if compiled_candidates and pool.architecture == UNKNOWN:
+    if compiled_candidates and spec.model.runtime_quantization:
+        compiled_note = (
+            f"model.quantization {spec.model.quantization} needs the paged engine (compiled engines serve float "
+            "weights only)"
+        )
+    elif compiled_candidates and pool.architecture == UNKNOWN:
         compiled_note = "the pool's GPU architecture is unknown and compiled engines are built per architecture"
     elif compiled_candidates:
         compiled = compiled_candidates[0]

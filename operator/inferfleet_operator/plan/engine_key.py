@@ -19,20 +19,35 @@ def canonical_envelope(envelope: dict | EngineEnvelope) -> dict:
 
 
 def canonical_form(
-    model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str
+    model_uri: str,
+    revision: str,
+    envelope: dict | EngineEnvelope,
+    architecture: str,
+    runtime_image: str,
+    quantization: str = "Auto",
 ) -> str:
+    """quantization (spec.model.quantization) enters only when the runtime quantizes (Int8, Int4): Auto and None
+    serve the checkpoint's own weights, and the keys of engines built before the field existed stay valid."""
+    model = {"revision": revision or "main", "uri": model_uri}
+    if quantization in ("Int8", "Int4"):
+        model["quantization"] = quantization
     document = {
         "architecture": architecture,
         "envelope": canonical_envelope(envelope),
-        "model": {"revision": revision or "main", "uri": model_uri},
+        "model": model,
         "runtimeImage": runtime_image,
     }
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
 
 def engine_key(
-    model_uri: str, revision: str, envelope: dict | EngineEnvelope, architecture: str, runtime_image: str
+    model_uri: str,
+    revision: str,
+    envelope: dict | EngineEnvelope,
+    architecture: str,
+    runtime_image: str,
+    quantization: str = "Auto",
 ) -> str:
     """sha256 of the canonical JSON, first KEY_LENGTH hex digits."""
-    text = canonical_form(model_uri, revision, envelope, architecture, runtime_image)
+    text = canonical_form(model_uri, revision, envelope, architecture, runtime_image, quantization)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]

@@ -261,6 +261,8 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     else:
         model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings, spec.model.size)
         args = ["serve", "--model", model_dir, "--engine", "paged"] + _serve_limit_args(spec.engine)
+        if spec.model.runtime_quantization:
+            args += ["--quantization", spec.model.runtime_quantization]
         volumes.append(volume)
         mounts.append({"name": "model", "mountPath": settings.model_mount, "readOnly": True})
         init_containers = [_fetch_container(image, a, settings, spec.model.credentials_secret) for a in fetches]

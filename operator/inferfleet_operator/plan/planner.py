@@ -244,7 +244,12 @@ def _plan_pool(
     key = ""
     if choice.engine == "Compiled" and replicas > 0:
         key = engine_key(
-            spec.model.uri, spec.model.revision, spec.engine, pool.architecture, _runtime_identity(choice.runtime)
+            spec.model.uri,
+            spec.model.revision,
+            spec.engine,
+            pool.architecture,
+            _runtime_identity(choice.runtime),
+            spec.model.quantization,
         )
     previous_key = _serving_key(deployments.get(m.deployment_name(service.meta.name, pool.name)))
     decision = decide_pool(
