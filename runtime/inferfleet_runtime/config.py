@@ -76,6 +76,7 @@ class ModelConfig:
         from .models import find_family  # the families' modules import this one
 
         family = find_family(hf)
+        refuse_quantized_checkpoint(hf)
         num_heads = hf["num_attention_heads"]
         hidden_size = hf["hidden_size"]
         theta, scaling = read_rope(hf)
@@ -103,6 +104,19 @@ class ModelConfig:
         )
         fields.update(family.config_fields(hf))  # the family's own fields, and its reading of shared ones
         return cls(**fields)
+
+
+def refuse_quantized_checkpoint(hf: dict) -> None:
+    """A checkpoint quantized by its producer (compressed-tensors, GPTQ, AWQ, FP8) is refused in one line: its
+    weights are not read yet. A float checkpoint can be quantized at load instead (`serve --quantization`)."""
+    quantization = hf.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else "unknown"
+        fmt = quantization.get("format") if isinstance(quantization, dict) else None
+        raise ConfigError(
+            f"checkpoints quantized by their producer are not read yet (quantization_config: {method}"
+            f"{f', format {fmt}' if fmt else ''}); serve a float checkpoint with --quantization int8|int4"
+        )
 
 
 def resolve_dtype(value: str | torch.dtype | None) -> torch.dtype:

@@ -143,3 +143,26 @@ def test_model_runner_serves_a_quantized_model_on_every_cpu_backend(demo_model_d
     [expected] = greedy_paged(float_lm.model, [prompt], 8, block_size=16, chunk_size=64)
     [got] = greedy_paged(runner.model, [prompt], 8, block_size=16, chunk_size=64)
     assert got == expected
+
+
+def test_a_checkpoint_quantized_by_its_producer_is_refused_in_one_line(tiny_llama_factory, tmp_path, capsys):
+    import json
+    import shutil
+
+    from inferfleet_runtime.config import ConfigError
+    from inferfleet_runtime.server import cli as serve_cli
+
+    from .test_server_cli import parse_serve
+
+    model_dir = tmp_path / "w4a16"
+    shutil.copytree(tiny_llama_factory("quantized-config"), model_dir)
+    capsys.readouterr()  # the factory's progress output
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="compressed-tensors, format pack-quantized"):
+        load_model(model_dir, kernels="reference")
+    assert serve_cli.run(parse_serve("--model", str(model_dir))) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("inferfleet-runtime serve: error: cannot serve")
+    assert "checkpoints quantized by their producer are not read yet" in line and "--quantization int8|int4" in line
