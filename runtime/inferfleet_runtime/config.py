@@ -107,9 +107,14 @@ class ModelConfig:
 
 
 def refuse_quantized_checkpoint(hf: dict) -> None:
-    """A checkpoint quantized by its producer (compressed-tensors, GPTQ, AWQ, FP8) is refused in one line: its
-    weights are not read yet. A float checkpoint can be quantized at load instead (`serve --quantization`)."""
+    """A checkpoint quantized by its producer is refused in one line unless it is compressed-tensors with int
+    weights (compressed_checkpoint reads those). A float checkpoint can be quantized at load (`serve --quantization`)."""
     quantization = hf.get("quantization_config")
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "compressed-tensors":
+        from .compressed_checkpoint import read_scheme
+
+        read_scheme(quantization)  # int weight-only schemes are read; any other raises, naming what it is
+        return
     if quantization:
         method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else "unknown"
         fmt = quantization.get("format") if isinstance(quantization, dict) else None

@@ -11,11 +11,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .compressed_checkpoint import convert_weights, replace_linears, scheme_of_dir
 from .config import ModelConfig
 from .device import pick_device
 from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
-from .layers.quantized import quantize_linears
+from .layers.quantized import quantize_linears, quantized_tensors
 from .models import build_model
 from .tokenizer import Tokenizer
 
@@ -55,12 +56,16 @@ def load_model(
     int8 or int4 quantizes the decoder's linears once loaded (layers.quantized)."""
     model_dir = Path(model_dir)
     gguf_file = find_gguf(model_dir)
+    scheme = None
     if gguf_file is not None:
         config, tokenizer, weights = load_gguf(gguf_file, dtype)
     else:
         config = ModelConfig.from_dir(model_dir, dtype=dtype)
         tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
         weights = read_safetensors(model_dir)
+        scheme = scheme_of_dir(model_dir)  # a compressed-tensors checkpoint's int weights stay quantized
+        if scheme is not None:
+            weights = convert_weights(weights, scheme)
     # Generation stops at any EOS named by config.json, generation_config.json or the tokenizer.
     config = dataclasses.replace(
         config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
@@ -68,6 +73,8 @@ def load_model(
     device = pick_device(device)
     with torch.device("meta"):
         model = build_model(config, get_ops(kernels, config.dtype, device)).to(config.dtype)
+        if scheme is not None:
+            replace_linears(model, scheme, config.dtype)
     model = model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.embed_tokens.weight
@@ -101,7 +108,7 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
     """Copies Hugging Face-named tensors into the model, filling fused q/k/v and gate/up row ranges (or the whole
     fused parameter, where the checkpoint stores it fused: Phi-3)."""
     config = model.config
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters()) | quantized_tensors(model)
     expected = {name: _num_parts(name) for name in params}
     loaded: dict[str, set[int]] = {}
     for hf_name, tensor in weights:

@@ -157,3 +157,14 @@ def quantize_linears(model: nn.Module, method: str) -> int:
 
 def has_quantized_linears(model: nn.Module) -> bool:
     return any(isinstance(m, QuantizedLinear) for m in model.modules())
+
+
+def quantized_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every QuantizedLinear's tensors by their names in the model, for the loader to fill."""
+    return {
+        f"{name}.{leaf}": tensor
+        for name, module in model.named_modules()
+        if isinstance(module, QuantizedLinear)
+        for leaf, tensor in module.named_buffers(recurse=False)
+        if tensor is not None
+    }
