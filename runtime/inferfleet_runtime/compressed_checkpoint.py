@@ -1,5 +1,6 @@
-"""Reads compressed-tensors checkpoints (config.json's quantization_config, quant_method "compressed-tensors") with
-int weights: their linears become QuantizedLinear layers, their tensors are turned into QuantizedLinear's layout.
+"""Reads compressed-tensors checkpoints (config.json's quantization_config, quant_method "compressed-tensors"): with
+int weights their linears become QuantizedLinear layers and their tensors QuantizedLinear's layout; FP8 weights
+(`float-quantized`, float8_e4m3fn times a per-tensor or per-channel scale) are dequantized to the serving dtype.
 
 Formats read: `pack-quantized` (int4 values + 8, eight to an int32 along the input columns, element i in bits
 4i..4i+3; `weight_zero_point`, when asymmetric, packed the same way along the output rows) and `int-quantized` /
@@ -9,6 +10,7 @@ Formats read: `pack-quantized` (int4 values + 8, eight to an int32 along the inp
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,9 @@ from torch import nn
 from .layers.quantized import QuantizedLinear
 
 INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+FLOAT_FORMAT = "float-quantized"
+log = logging.getLogger(__name__)
+
 _PARTS = ("weight_packed", "weight", "weight_scale", "weight_zero_point", "weight_shape")
 
 
@@ -33,6 +38,7 @@ class IntScheme:
     group_size: int | None  # None: one scale per output channel
     symmetric: bool
     ignore: tuple[str, ...]  # module names left float (e.g. lm_head)
+    is_float: bool = False  # FP8 weights: dequantized at load, the linears stay nn.Linear
 
 
 def scheme_of_dir(model_dir: Path) -> IntScheme | None:
@@ -45,21 +51,29 @@ def read_scheme(quantization: dict) -> IntScheme:
     """The weight scheme of a compressed-tensors quantization_config; CompressedCheckpointError for anything else."""
     fmt = quantization.get("format")
     groups = list((quantization.get("config_groups") or {}).values())
-    if quantization.get("quant_method") != "compressed-tensors" or fmt not in INT_FORMATS or len(groups) != 1:
+    formats = (*INT_FORMATS, FLOAT_FORMAT)
+    if quantization.get("quant_method") != "compressed-tensors" or fmt not in formats or len(groups) != 1:
         raise CompressedCheckpointError(
             f"quantization_config {quantization.get('quant_method')!r} format {fmt!r} with {len(groups)} config "
-            f"group(s) is not read (read: compressed-tensors {', '.join(INT_FORMATS)} with one config group)"
+            f"group(s) is not read (read: compressed-tensors {', '.join(formats)} with one config group)"
         )
     weights = groups[0].get("weights") or {}
     bits, strategy = weights.get("num_bits"), weights.get("strategy")
+    if groups[0].get("input_activations"):
+        raise CompressedCheckpointError("compressed-tensors activation quantization is not read (weights only)")
+    if fmt == FLOAT_FORMAT:
+        if weights.get("type") != "float" or bits != 8 or strategy not in ("tensor", "channel"):
+            raise CompressedCheckpointError(
+                f"compressed-tensors {fmt} weights of type {weights.get('type')!r}, {bits} bits, strategy "
+                f"{strategy!r} are not read (read: float, 8 bits, tensor or channel)"
+            )
+        return IntScheme(fmt, 8, None, True, tuple(quantization.get("ignore") or ()), is_float=True)
     wanted_bits = 4 if fmt == "pack-quantized" else 8
     if weights.get("type") != "int" or bits != wanted_bits or strategy not in ("channel", "group"):
         raise CompressedCheckpointError(
             f"compressed-tensors {fmt} weights of type {weights.get('type')!r}, {bits} bits, strategy {strategy!r} "
             f"are not read (read: int, {wanted_bits} bits, channel or group)"
         )
-    if groups[0].get("input_activations"):
-        raise CompressedCheckpointError("compressed-tensors activation quantization is not read (weights only)")
     return IntScheme(
         fmt, bits, weights.get("group_size") if strategy == "group" else None, bool(weights.get("symmetric", True)),
         tuple(quantization.get("ignore") or ()),
@@ -68,7 +82,10 @@ def read_scheme(quantization: dict) -> IntScheme:
 
 def replace_linears(model: nn.Module, scheme: IntScheme, dtype: torch.dtype) -> int:
     """Swaps every nn.Linear not in scheme.ignore for an empty QuantizedLinear (call on the meta device, before
-    the weights are loaded). Fused projections (qkv, gate_up) take their parts' rows."""
+    the weights are loaded). Fused projections (qkv, gate_up) take their parts' rows. FP8 checkpoints keep
+    nn.Linear (their weights are dequantized as they are read)."""
+    if scheme.is_float:
+        return 0
     targets = [
         (name, m)
         for name, m in model.named_modules()
@@ -96,9 +113,12 @@ def convert_weights(
         needed.add("weight_shape")
     if not scheme.symmetric:
         needed.add("weight_zero_point")
+    if scheme.is_float:
+        log.info("Dequantized the checkpoint's FP8 weights to the serving dtype at load (no FP8 matmul here)")
     for name, tensor in weights:
         module, _, leaf = name.rpartition(".")
-        if leaf not in _PARTS or (leaf == "weight" and tensor.is_floating_point()):
+        is_stored_float = leaf == "weight" and tensor.is_floating_point() and tensor.dtype != torch.float8_e4m3fn
+        if leaf not in _PARTS or is_stored_float:
             yield name, tensor
             continue
         parts = pending.setdefault(module, {})
@@ -111,6 +131,9 @@ def convert_weights(
 
 
 def _converted(module: str, parts: dict[str, torch.Tensor], scheme: IntScheme) -> Iterator[tuple[str, torch.Tensor]]:
+    if scheme.is_float:  # scale: [1] per tensor or [out, 1] per channel
+        yield f"{module}.weight", parts["weight"].float() * parts["weight_scale"].float()
+        return
     if scheme.format == "pack-quantized":
         out_features, in_features = (int(n) for n in parts["weight_shape"])
         u = unpack_int32_nibbles(parts["weight_packed"], in_features)  # [out, in] in [0, 15]

@@ -26,7 +26,7 @@ SCHEMES = {
 NUM_NEW_TOKENS = 12
 
 
-def make_compressed(float_dir, out_dir, bits, group_size, symmetric, fmt):
+def make_compressed(float_dir, out_dir, bits, group_size, symmetric, fmt, type_="int", strategy=None):
     """(checkpoint dir, transformers model holding the package's decompressed weights)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
@@ -39,17 +39,15 @@ def make_compressed(float_dir, out_dir, bits, group_size, symmetric, fmt):
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(float_dir).eval()
-    args = QuantizationArgs(
-        num_bits=bits, type="int", symmetric=symmetric, strategy="group" if group_size else "channel",
-        group_size=group_size,
-    )  # fmt: skip
+    strategy = strategy or ("group" if group_size else "channel")
+    args = QuantizationArgs(num_bits=bits, type=type_, symmetric=symmetric, strategy=strategy, group_size=group_size)
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
     with torch.no_grad():  # min/max calibration of each weight, through the package's own qparams
         for module in model.modules():
             if hasattr(module, "weight_scale"):
                 w = module.weight
-                groups = w.view(w.shape[0], -1, group_size or w.shape[1])  # [out, G, group]
+                groups = w.view(1, 1, -1) if strategy == "tensor" else w.view(w.shape[0], -1, group_size or w.shape[1])
                 scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
                 module.weight_scale.copy_(scale.view_as(module.weight_scale))
                 if hasattr(module, "weight_zero_point"):
@@ -145,10 +143,25 @@ def test_greedy_outputs_agree_with_transformers_loading_the_checkpoint_itself(co
     )
 
 
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+def test_fp8_weights_are_dequantized_at_load_as_the_package_does(tiny_llama_factory, tmp_path, strategy, caplog):
+    float_dir = tiny_llama_factory("compressed-float")
+    model_dir, hf = make_compressed(float_dir, tmp_path / "fp8", 8, None, True, "float-quantized", "float", strategy)
+    with caplog.at_level("INFO"):
+        lm = load_model(model_dir, kernels="reference")
+    assert any("Dequantized the checkpoint's FP8 weights" in r.getMessage() for r in caplog.records)
+    layer, theirs = lm.model.layers[1], hf.model.layers[1]
+    assert isinstance(layer.mlp.down_proj, torch.nn.Linear) and layer.mlp.down_proj.weight.dtype == torch.float32
+    torch.testing.assert_close(layer.mlp.down_proj.weight, theirs.mlp.down_proj.weight.detach(), rtol=0, atol=0)
+    qkv = torch.cat([theirs.self_attn.q_proj.weight, theirs.self_attn.k_proj.weight, theirs.self_attn.v_proj.weight])
+    torch.testing.assert_close(layer.self_attn.qkv_proj.weight, qkv.detach(), rtol=0, atol=0)
+    assert greedy_paged(lm.model, PROMPTS, NUM_NEW_TOKENS, 4, 5) == hf_greedy(hf)
+
+
 @pytest.mark.parametrize(
     "quantization, message",
     [
-        ({"format": "float-quantized"}, "format 'float-quantized'"),
+        ({"format": "marlin-24"}, "format 'marlin-24'"),
         ({"format": "pack-quantized", "weights": {"type": "int", "num_bits": 4, "strategy": "tensor"}}, "strategy"),
         ({"format": "int-quantized", "input_activations": {"num_bits": 8}}, "activation quantization"),
     ],
