@@ -16,7 +16,7 @@ from .config import ModelConfig
 from .device import pick_device
 from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
-from .layers.quantized import quantize_linears, quantized_tensors
+from .layers.quantized import QuantizedLinear, empty_quantized_linears, quantize_as_read, quantized_tensors
 from .models import build_model
 from .tokenizer import Tokenizer
 
@@ -53,7 +53,7 @@ def load_model(
     """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's.
 
     model_dir is a Hugging Face checkpoint directory, a .gguf file or a directory holding one .gguf; quantization
-    int8 or int4 quantizes the decoder's linears once loaded (layers.quantized)."""
+    int8 or int4 quantizes the decoder's linears as their weights are read (layers.quantized)."""
     model_dir = Path(model_dir)
     gguf_file = find_gguf(model_dir)
     scheme = None
@@ -75,11 +75,12 @@ def load_model(
         model = build_model(config, get_ops(kernels, config.dtype, device)).to(config.dtype)
         if scheme is not None:
             replace_linears(model, scheme, config.dtype)
+        elif empty_quantized_linears(model, quantization):
+            weights = _quantized_as_read(weights, model)
     model = model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
-    quantize_linears(model, quantization)
     model.init_rope()
     return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 
@@ -135,6 +136,23 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
     missing = [name for name, parts in expected.items() if len(loaded.get(name, ())) != parts]
     if missing:
         raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+
+
+def _quantized_as_read(
+    weights: Iterator[tuple[str, torch.Tensor]], model: torch.nn.Module
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors, each weight of a QuantizedLinear (or of a fused part of one) quantized as it comes."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}  # runs after to_empty
+    for hf_name, tensor in weights:
+        module, _, leaf = hf_name.removeprefix("model.").rpartition(".")
+        prefix, _, proj = module.rpartition(".")
+        layer = layers.get(f"{prefix}.{_FUSED[proj][0]}" if proj in _FUSED else module)
+        if layer is not None and leaf == "weight":
+            qweight, scales = quantize_as_read(layer, tensor)
+            yield f"{module}.qweight", qweight
+            yield f"{module}.scales", scales
+        else:
+            yield hf_name, tensor
 
 
 def _num_parts(name: str) -> int:

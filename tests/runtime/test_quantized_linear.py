@@ -9,9 +9,9 @@ from torch import nn
 
 from inferfleet_runtime.layers.quantized import (
     QuantizedLinear,
+    empty_quantized_linears,
     has_quantized_linears,
     pack_int4,
-    quantize_linears,
     unpack_int4,
 )
 from inferfleet_runtime.loader import load_model
@@ -75,9 +75,9 @@ def test_quantized_model_drops_the_float_weights(demo_model_dir, method, max_rat
 
 def test_unknown_method_and_indivisible_width_are_refused():
     with pytest.raises(ValueError, match="int8, int4"):
-        quantize_linears(nn.Sequential(nn.Linear(64, 64)), "int3")
+        empty_quantized_linears(nn.Sequential(nn.Linear(64, 64)), "int3")
     with pytest.raises(ValueError, match="divisible by 128 or 32"):
-        quantize_linears(nn.Sequential(nn.Linear(48, 64)), "int4")
+        empty_quantized_linears(nn.Sequential(nn.Linear(48, 64)), "int4")
 
 
 @pytest.mark.slow

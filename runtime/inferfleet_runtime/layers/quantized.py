@@ -126,12 +126,12 @@ def int4_group_size(in_features: int) -> int | None:
     return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
 
 
-@torch.no_grad()
-def quantize_linears(model: nn.Module, method: str) -> int:
+def empty_quantized_linears(model: nn.Module, method: str) -> int:
     """Replaces every nn.Linear of the decoder layers (not the embeddings nor lm_head, which is often tied to them)
-    by a QuantizedLinear holding int8 (per output channel) or int4 (group-wise) weights; the float weights are
-    dropped. Returns how many linears were replaced; ValueError for an unknown method or an input width no int4
-    group size divides."""
+    by an empty QuantizedLinear for int8 (per output channel) or int4 (group-wise) weights, to be filled as the
+    checkpoint is read (quantize_as_read), so the float weights are never all in memory. Call on the meta device.
+    Returns how many linears were replaced; ValueError for an unknown method or an input width no int4 group size
+    divides."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}")
     if method == "none":
@@ -139,7 +139,7 @@ def quantize_linears(model: nn.Module, method: str) -> int:
     bits = 8 if method == "int8" else 4
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
     for name, linear in targets:
-        group_size = None
+        group_size = linear.in_features
         if bits == 4:
             group_size = int4_group_size(linear.in_features)
             if group_size is None:
@@ -147,12 +147,23 @@ def quantize_linears(model: nn.Module, method: str) -> int:
                     f"int4 needs an input width divisible by {' or '.join(map(str, INT4_GROUP_SIZES))}; "
                     f"{name} has {linear.in_features}"
                 )
+        quantized = QuantizedLinear(
+            linear.in_features, linear.out_features, bits, group_size, linear.bias is not None,
+            dtype=linear.weight.dtype, device=linear.weight.device,
+        )  # fmt: skip
         parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), leaf, QuantizedLinear.from_float(linear, bits, group_size))
-    if targets and targets[0][1].weight.device.type == "cuda":
-        torch.cuda.empty_cache()  # so the KV budget, sized from free memory, sees the float weights gone
-    log.info("Quantized %d linear layers of the model to %s weights (torch reference forward)", len(targets), method)
+        setattr(model.get_submodule(parent_name), leaf, quantized)
+    log.info(
+        "Quantized %d linear layers of the model to %s weights as read (torch reference forward)", len(targets), method
+    )
     return len(targets)
+
+
+@torch.no_grad()
+def quantize_as_read(layer: QuantizedLinear, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qweight, scales) of a float weight (or a fused part of one: its rows) in layer's layout."""
+    q, scales = quantize_symmetric(weight.to(layer.scales.dtype), layer.bits, layer.group_size)
+    return (pack_int4(q) if layer.bits == 4 else q), scales
 
 
 def has_quantized_linears(model: nn.Module) -> bool:
