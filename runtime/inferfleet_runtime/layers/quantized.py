@@ -1,5 +1,5 @@
 """Weight-only quantized linear layers (int8 per output channel, int4 group-wise packed two per byte) with a torch
-reference forward, and the pass that quantizes a loaded float model's linears.
+reference forward, built empty and filled as a checkpoint is read (quantizing a float one, tensor by tensor).
 
 Math: a weight row r, split into groups of `group_size` input columns, is stored as integers q and one scale s (and
 optionally an integer zero point z) per group: W[r, c] ~ (q[r, c] - z[r, g(c)]) * s[r, g(c)]. Symmetric
