@@ -3,9 +3,7 @@ are read by the family's module in models/)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -56,54 +54,6 @@ class ModelConfig:
     def window_of(self, layer_index: int) -> int | None:
         """The sliding window of layer layer_index, None where it attends to the whole context."""
         return self.sliding_windows[layer_index] if self.sliding_windows else None
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path, dtype: str | torch.dtype | None = None) -> ModelConfig:
-        """Reads config.json (and generation_config.json for extra EOS ids) from a checkpoint directory."""
-        model_dir = Path(model_dir)
-        path = model_dir / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"{model_dir} has no config.json")
-        hf = json.loads(path.read_text())
-        gen_path = model_dir / "generation_config.json"
-        generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-        return cls.from_hf(hf, name=model_dir.name, dtype=dtype, generation=generation)
-
-    @classmethod
-    def from_hf(
-        cls, hf: dict, name: str = "model", dtype: str | torch.dtype | None = None, generation: dict | None = None
-    ) -> ModelConfig:
-        from .models import find_family  # the families' modules import this one
-
-        family = find_family(hf)
-        refuse_quantized_checkpoint(hf)
-        num_heads = hf["num_attention_heads"]
-        hidden_size = hf["hidden_size"]
-        theta, scaling = read_rope(hf)
-        eos_ids = _as_ids(hf.get("eos_token_id")) + _as_ids((generation or {}).get("eos_token_id"))
-        fields = dict(
-            name=name,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hidden_size,
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=hf.get("head_dim") or hidden_size // num_heads,
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=theta,
-            dtype=resolve_dtype(dtype if dtype is not None else hf.get("dtype") or hf.get("torch_dtype")),
-            eos_token_ids=list(dict.fromkeys(eos_ids)),
-            bos_token_id=hf.get("bos_token_id"),
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", False)),
-            mlp_bias=bool(hf.get("mlp_bias", False)),
-            family=family.name,
-        )
-        fields.update(family.config_fields(hf))  # the family's own fields, and its reading of shared ones
-        return cls(**fields)
 
 
 def refuse_quantized_checkpoint(hf: dict) -> None:
@@ -171,7 +121,7 @@ def read_rope(hf: dict) -> tuple[float, dict | None]:
     return theta, merged
 
 
-def _as_ids(value) -> list[int]:
+def as_ids(value) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]

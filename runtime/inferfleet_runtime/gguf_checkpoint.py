@@ -78,10 +78,10 @@ def load_gguf(
 ) -> tuple[ModelConfig, Tokenizer, Iterator[tuple[str, torch.Tensor]]]:
     """(config, tokenizer, weights) for a GGUF file; the config is named after the file's stem and its dtype is
     `dtype` (float32 when unset, whatever the file stores); the weights are read lazily."""
-    from .config import ModelConfig
+    from .models import read_config
 
     checkpoint = GGUFCheckpoint(path)
-    config = ModelConfig.from_hf(checkpoint.hf_config(), name=checkpoint.path.stem, dtype=dtype)
+    config = read_config(checkpoint.hf_config(), name=checkpoint.path.stem, dtype=dtype)
     tokenizer = checkpoint.tokenizer(extra_eos_token_ids=config.eos_token_ids)
     return config, tokenizer, checkpoint.weights(config)
 

@@ -17,7 +17,7 @@ from .device import pick_device
 from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
 from .layers.quantized import QuantizedLinear, empty_quantized_linears, quantize_as_read, quantized_tensors
-from .models import build_model
+from .models import build_model, read_config_dir
 from .tokenizer import Tokenizer
 
 # Checkpoint projection name -> (fused parameter in our model, index of its row range).
@@ -60,7 +60,7 @@ def load_model(
     if gguf_file is not None:
         config, tokenizer, weights = load_gguf(gguf_file, dtype)
     else:
-        config = ModelConfig.from_dir(model_dir, dtype=dtype)
+        config = read_config_dir(model_dir, dtype=dtype)
         tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
         weights = read_safetensors(model_dir)
         scheme = scheme_of_dir(model_dir)  # a compressed-tensors checkpoint's int weights stay quantized

@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
-from inferfleet_runtime.config import ConfigError, ModelConfig
+from inferfleet_runtime.config import ConfigError
 from inferfleet_runtime.device import pick_device
 from inferfleet_runtime.loader import CheckpointError, load_model
+from inferfleet_runtime.models import read_config
 from inferfleet_runtime.tokenizer import Tokenizer, TokenizerError
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 8, 200]
@@ -84,7 +85,7 @@ def test_old_and_new_rope_config_forms_agree():
         "max_position_embeddings": 4096,
     }
     scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
-    old = ModelConfig.from_hf(
+    old = read_config(
         {
             **base,
             "rope_theta": 500000.0,
@@ -93,7 +94,7 @@ def test_old_and_new_rope_config_forms_agree():
             "eos_token_id": [1, 2],
         }
     )
-    new = ModelConfig.from_hf(
+    new = read_config(
         {
             **base,
             "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", **scaling},
@@ -104,7 +105,7 @@ def test_old_and_new_rope_config_forms_agree():
     assert old == new
     assert old.rope_theta == 500000.0 and old.rope_scaling["rope_type"] == "llama3"
     assert old.num_kv_heads == 4 and old.head_dim == 16 and old.dtype == torch.bfloat16
-    plain = ModelConfig.from_hf({**base, "rope_scaling": None})
+    plain = read_config({**base, "rope_scaling": None})
     assert plain.rope_scaling is None and plain.rope_theta == 10000.0 and plain.dtype == torch.float32
 
 
@@ -131,7 +132,7 @@ def test_unsupported_configs_are_refused_with_a_reason(change, message):
         **change,
     }
     with pytest.raises(ConfigError, match=message):
-        ModelConfig.from_hf(hf)
+        read_config(hf)
 
 
 def test_mistral_without_a_sliding_window_reads_as_llama():
@@ -144,8 +145,8 @@ def test_mistral_without_a_sliding_window_reads_as_llama():
         "num_key_value_heads": 1,
         "rope_theta": 1e6,
     }
-    mistral = ModelConfig.from_hf({**hf, "model_type": "mistral", "sliding_window": None})
-    assert mistral == ModelConfig.from_hf({**hf, "model_type": "llama"})
+    mistral = read_config({**hf, "model_type": "mistral", "sliding_window": None})
+    assert mistral == read_config({**hf, "model_type": "llama"})
 
 
 def test_eos_ids_merge_config_generation_config_and_tokenizer(gqa_dir, tmp_path):

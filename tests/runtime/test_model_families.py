@@ -14,14 +14,14 @@ import torch
 from inferfleet_runtime import demo_text
 from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
 from inferfleet_runtime.compiled.step import StaticStep
-from inferfleet_runtime.config import ConfigError, ModelConfig
+from inferfleet_runtime.config import ConfigError
 from inferfleet_runtime.engine import LLMEngine
 from inferfleet_runtime.engine_config import EngineConfig
 from inferfleet_runtime.kernels import native
 from inferfleet_runtime.layers.linear import pack_linears
 from inferfleet_runtime.loader import load_model
 from inferfleet_runtime.model_runner import ModelRunner
-from inferfleet_runtime.models import FAMILIES, SUPPORTED_MODEL_TYPES
+from inferfleet_runtime.models import FAMILIES, SUPPORTED_MODEL_TYPES, read_config, read_config_dir
 from inferfleet_runtime.sampling import SamplingParams
 
 from .paged_greedy import greedy_paged, hf_greedy, truncate_after_eos
@@ -270,17 +270,17 @@ def test_compiled_engines_static_step_matches_transformers_for_each_family(famil
 def test_config_json_picks_the_family(family_checkpoint, name):
     model_dir = family_checkpoint(name).model_dir
     hf = json.loads((model_dir / "config.json").read_text())
-    family = ModelConfig.from_dir(model_dir).family
+    family = read_config_dir(model_dir).family
     assert FAMILIES[hf["model_type"]].name == family
     # A config.json without model_type is read by its architectures.
     del hf["model_type"]
-    assert ModelConfig.from_hf(hf).family == family
+    assert read_config(hf).family == family
 
 
 def test_unsupported_family_is_refused_naming_the_supported_ones():
     hf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 10}
     with pytest.raises(ConfigError) as refused:
-        ModelConfig.from_hf(hf)
+        read_config(hf)
     assert str(refused.value) == f"model_type 'gpt2' is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
     assert {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"} <= set(SUPPORTED_MODEL_TYPES)
 
@@ -317,7 +317,7 @@ def test_unsupported_family_is_refused_naming_the_supported_ones():
 )
 def test_each_layers_sliding_window_is_read_from_config_json(family, change, windows):
     hf = {"model_type": family, **TINY, "num_hidden_layers": 3, "max_position_embeddings": 4096, **change}
-    config = ModelConfig.from_hf(hf)
+    config = read_config(hf)
     assert config.sliding_windows == windows
     assert [config.window_of(i) for i in range(3)] == list(windows or (None, None, None))
 
@@ -326,11 +326,11 @@ def test_each_layers_sliding_window_is_read_from_config_json(family, change, win
 def test_a_window_of_no_whole_tokens_is_refused(window):
     hf = {"model_type": "mistral", **TINY, "sliding_window": window}
     with pytest.raises(ConfigError, match="sliding_window must be a positive number of tokens"):
-        ModelConfig.from_hf(hf)
+        read_config(hf)
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
 def test_bidirectional_attention_is_refused(family):
     hf = {"model_type": family, **TINY, "sliding_window": 32, "use_bidirectional_attention": True}
     with pytest.raises(ConfigError, match="bidirectional attention \\(use_bidirectional_attention\\) is not supported"):
-        ModelConfig.from_hf(hf)
+        read_config(hf)

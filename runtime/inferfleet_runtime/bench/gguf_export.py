@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inferfleet_runtime.config import ModelConfig
 from inferfleet_runtime.loader import read_safetensors
+from inferfleet_runtime.models import read_config_dir
 
 # HF name suffix -> GGUF name suffix, per layer.
 LAYER_TENSORS = {
@@ -71,7 +71,7 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     import gguf
 
     model_dir, out_path = Path(model_dir), Path(out_path)
-    config = ModelConfig.from_dir(model_dir, dtype="float32")
+    config = read_config_dir(model_dir, dtype="float32")
     if config.rope_scaling is not None or config.attention_bias or config.mlp_bias:
         raise ValueError("the GGUF writer handles plain-RoPE Llama checkpoints without biases only")
     state = {name: tensor.float().numpy() for name, tensor in read_safetensors(model_dir)}

@@ -65,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from inferfleet_runtime.config import ConfigError, ModelConfig
+    from inferfleet_runtime.config import ConfigError
     from inferfleet_runtime.device import pick_device
+    from inferfleet_runtime.models import read_config_dir
 
     from .backends import BackendUnavailable, get_backend
     from .export import build_engine
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{model_dir} is not a model directory (no config.json)")
     try:
         device = pick_device(args.device)
-        model_config = ModelConfig.from_dir(model_dir)
+        model_config = read_config_dir(model_dir)
         dtype = str(model_config.dtype).removeprefix("torch.") if args.dtype == "auto" else args.dtype
         max_context = args.max_context_length or min(model_config.max_position_embeddings, 2048)
         if max_context > model_config.max_position_embeddings:

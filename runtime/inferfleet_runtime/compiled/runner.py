@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from inferfleet_runtime.config import ModelConfig
 from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.models import read_config_dir
 from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
@@ -41,7 +41,7 @@ class CompiledModelRunner:
         check_compatible(self.manifest, self.device)
         envelope = self.manifest.envelope
         self.envelope = envelope
-        model_config = ModelConfig.from_dir(engine_dir / "model", dtype=envelope.dtype)
+        model_config = read_config_dir(engine_dir / "model", dtype=envelope.dtype)
         self.tokenizer = Tokenizer.from_dir(engine_dir / "model", extra_eos_token_ids=model_config.eos_token_ids)
         self.model_name = model_name or self.manifest.model.get("name") or engine_dir.name
         self.eos_token_ids = list(model_config.eos_token_ids or self.tokenizer.eos_token_ids)

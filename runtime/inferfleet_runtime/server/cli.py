@@ -125,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
         if gguf_file is None and not (model_dir / "config.json").is_file():
             return _fail(f"{model_dir} is not a model directory (no config.json) nor a .gguf file")
         if gguf_file is None:  # a family this runtime cannot serve is refused here, in one line, not at load
-            from inferfleet_runtime.config import ConfigError, ModelConfig
+            from inferfleet_runtime.config import ConfigError
+            from inferfleet_runtime.models import read_config_dir
 
             try:
-                ModelConfig.from_dir(model_dir)
+                read_config_dir(model_dir)
             except (ConfigError, ValueError, KeyError) as exc:
                 return _fail(f"cannot serve {model_dir}: {exc}")
         make_runner = _paged_runner(model_dir, config)
