@@ -57,6 +57,12 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
 YAML
 
 step "Applying InferenceService demo (every pool: the real CPU node and the simulated GPU pools)"
+# The model's name is immutable: a demo left by an earlier version that served another model is replaced.
+served=$(kubectl get infsvc demo -n "$workloads" -o jsonpath='{.spec.model.name}' 2>/dev/null || true)
+if [ -n "$served" ] && [ "$served" != smollm2-135m-instruct ]; then
+  step "Deleting the earlier demo service (it served $served)"
+  kubectl delete infsvc demo -n "$workloads" --cascade=foreground --wait=true --timeout=300s >/dev/null  # children first
+fi
 # The CPU pod loads the Q4_1 file and dequantizes it to float32: about 2 GiB at its peak, 20-60 s on 250m.
 kubectl apply -n "$workloads" -f - >/dev/null <<'YAML'
 apiVersion: inferfleet.dev/v1alpha1
