@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,30 +54,24 @@ def test_an_unknown_role_is_refused_naming_the_roles():
 def test_the_demo_cluster_keeps_its_release_and_service_after_the_tier(kind_cluster):
     demo_cluster, _ = _names(None)
     assert kind_cluster.env["KIND_CLUSTER"] != demo_cluster
-    kind = subprocess.run(["bash", str(KIND_DIR / "node-bins.sh")], capture_output=True, text=True, check=True)
-    kind_bin = Path(kind.stdout.strip().splitlines()[-1]) / "kind"
     running = subprocess.run(
         ["docker", "inspect", "-f", "{{.State.Running}}", f"{demo_cluster}-control-plane"],
         capture_output=True,
         text=True,
     )
-    if running.stdout.strip() != "true":
+    kubeconfig = Path(_names(None)[1]) / "kubeconfig"  # the demo's own, written by its up.sh
+    if running.stdout.strip() != "true" or not kubeconfig.is_file():
         pytest.skip(f"the demo's cluster {demo_cluster} is not running here (bash e2e/kind/demo.sh brings it up)")
-    with tempfile.TemporaryDirectory() as tmp:
-        kubeconfig = Path(tmp) / "kubeconfig"
-        config = subprocess.run([str(kind_bin), "get", "kubeconfig", "--name", demo_cluster], capture_output=True)
-        assert config.returncode == 0, config.stderr
-        kubeconfig.write_bytes(config.stdout)
-        demo = Cluster(kubeconfig, kind_cluster.bin)
-        releases = json.loads(demo.helm("list", "--namespace", DEMO_NAMESPACE, "--output", "json").stdout or "[]")
-        assert [(r["name"], r["status"]) for r in releases] == [(DEMO_RELEASE, "deployed")]
-        crd = demo.get("crd", "inferenceservices.inferfleet.dev")
-        assert crd, "the demo's CRDs are gone"
-        annotations = crd["metadata"].get("annotations") or {}
-        assert annotations.get("meta.helm.sh/release-name") == DEMO_RELEASE
-        service = demo.get("infsvc", "demo", DEMO_WORKLOADS)
-        assert service, "the demo's InferenceService is gone"
-        assert (condition(service, "Ready") or {}).get("status") == "True", service.get("status")
+    demo = Cluster(kubeconfig, kind_cluster.bin)
+    releases = json.loads(demo.helm("list", "--namespace", DEMO_NAMESPACE, "--output", "json").stdout or "[]")
+    assert [(r["name"], r["status"]) for r in releases] == [(DEMO_RELEASE, "deployed")]
+    crd = demo.get("crd", "inferenceservices.inferfleet.dev")
+    assert crd, "the demo's CRDs are gone"
+    annotations = crd["metadata"].get("annotations") or {}
+    assert annotations.get("meta.helm.sh/release-name") == DEMO_RELEASE
+    service = demo.get("infsvc", "demo", DEMO_WORKLOADS)
+    assert service, "the demo's InferenceService is gone"
+    assert (condition(service, "Ready") or {}).get("status") == "True", service.get("status")
 
 
 def test_stopped_inferfleet_clusters_are_deleted_and_running_or_foreign_ones_kept(tmp_path):

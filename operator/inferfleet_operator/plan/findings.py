@@ -21,6 +21,7 @@ ORDER = (
 )
 MAX_MESSAGE = 1024  # characters of one condition message or Event note built from findings
 FETCH_CONTAINER = "fetch-model"
+SERVER_CONTAINER = "server"  # the serving container of every pool's pods
 
 _INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
 _CLAIM_NOT_FOUND = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
@@ -115,6 +116,8 @@ def pod_findings(pod: Mapping, pool_label: str = "") -> list[Finding]:
         ("containerStatuses", c.REASON_SERVER_FAILED),
     ):
         for cs in status.get(key) or []:
+            if key == "containerStatuses" and cs.get("name") != SERVER_CONTAINER:
+                continue  # a compile Job's container failing is its build's failure (BuildFailed), not this
             term = _last_exit(cs)
             code = int(term.get("exitCode") or 0)
             if code == 0:
