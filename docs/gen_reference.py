@@ -182,8 +182,8 @@ def crd_page(crd_file: Path) -> str:
 # --- Helm values ----------------------------------------------------------------------------------
 
 
-def _values_comments(lines: list[str]) -> list[tuple[str, str]]:
-    """(dotted path, the comment right above it) of every key of values.yaml that has one, in file order."""
+def values_keys(lines: list[str]) -> list[tuple[int, str, int]]:
+    """(line index, dotted path, indent) of every mapping key of values.yaml, in file order."""
     found, stack = [], []
     for index, line in enumerate(lines):
         match = re.match(r"^( *)([A-Za-z][\w-]*):", line)
@@ -193,13 +193,21 @@ def _values_comments(lines: list[str]) -> list[tuple[str, str]]:
         while stack and stack[-1][0] >= indent:
             stack.pop()
         stack.append((indent, match.group(2)))
+        found.append((index, ".".join(name for _, name in stack), indent))
+    return found
+
+
+def _values_comments(lines: list[str]) -> list[tuple[str, str]]:
+    """(dotted path, the comment right above it) of every key of values.yaml that has one, in file order."""
+    found = []
+    for index, path, _ in values_keys(lines):
         comment = []
         above = index - 1
         while above >= 0 and lines[above].strip().startswith("#"):
             comment.insert(0, lines[above].strip().lstrip("#").strip())
             above -= 1
         if comment:
-            found.append((".".join(name for _, name in stack), " ".join(comment)))
+            found.append((path, " ".join(comment)))
     return found
 
 

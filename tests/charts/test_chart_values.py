@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -88,25 +89,10 @@ def test_defaults_and_documented_examples_pass_the_schema(render):
     )
 
 
-def _keys_with_line_numbers(lines: list[str]) -> list[tuple[int, str, int]]:
-    """(line index, dotted path, indent) of every mapping key in values.yaml."""
-    found, stack = [], []
-    for index, line in enumerate(lines):
-        match = re.match(r"^( *)([A-Za-z][\w-]*):", line)
-        if not match:
-            continue
-        indent = len(match.group(1))
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        stack.append((indent, match.group(2)))
-        found.append((index, ".".join(name for _, name in stack), indent))
-    return found
-
-
 def _documented_paths() -> tuple[list[str], list[str]]:
     """The dotted paths of values.yaml, and those with no comment right above them (or a parent's)."""
     lines = (CHART / "values.yaml").read_text().splitlines()
-    keys = _keys_with_line_numbers(lines)
+    keys = _gen_reference().values_keys(lines)
     commented = {path for index, path, _ in keys if index > 0 and lines[index - 1].strip().startswith("#")}
     undocumented = []
     for _, path, _ in keys:
@@ -157,3 +143,11 @@ def test_chart_renders_without_kube_version_against_helms_stamped_default(helm):
     result = helm("template", "fleet", str(CHART), "--namespace", "inferfleet-system")
     assert result.returncode == 0, result.stderr
     assert "kind: Deployment" in result.stdout
+
+
+def _gen_reference():
+    """docs/gen_reference.py, whose values.yaml key reader these checks share."""
+    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs" / "gen_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
