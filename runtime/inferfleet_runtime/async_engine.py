@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator
 
+from inferfleet_runtime.device import cpu_engine_threads
 from inferfleet_runtime.engine import EngineStats, LLMEngine, RequestOutput, StepError
 from inferfleet_runtime.metrics import ServerMetrics
 from inferfleet_runtime.sampling import SamplingParams
@@ -23,22 +23,6 @@ IDLE_WAIT_S = 0.5
 # Steps in a row that may fail before the engine counts as broken (/health then answers 503, so the liveness
 # probe restarts the pod): one bad batch fails its own requests, a device that fails every batch stops the engine.
 MAX_FAILED_STEPS_IN_A_ROW = 3
-
-
-def cpu_engine_threads() -> int:
-    """Torch threads for an engine running on the CPU: every core this process may use.
-
-    OpenMP workers that busy-wait while idle spin on the core the event loop needs for HTTP and SSE: on 2 cores that
-    made a streamed request several times slower than the same engine offline. The package makes them sleep
-    (OMP_WAIT_POLICY=PASSIVE, see __init__); when a user sets another wait policy, one core is left to the event
-    loop instead. OMP_NUM_THREADS, when set, is the operator's choice and wins.
-    """
-    if os.environ.get("OMP_NUM_THREADS"):
-        return int(os.environ["OMP_NUM_THREADS"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
-        return max(1, cores)
-    return max(1, cores - 1)
 
 
 class QueueFullError(RuntimeError):
@@ -146,7 +130,9 @@ class AsyncEngine:
         if getattr(device, "type", None) == "cpu":
             import torch
 
-            torch.set_num_threads(cpu_engine_threads())  # per thread: this is the thread that runs the model
+            # Per thread: this is the thread that runs the model. Tensor-parallel ranks share the cores.
+            tp = getattr(self.engine.runner, "tensor_parallel", None)
+            torch.set_num_threads(max(1, cpu_engine_threads() // (tp.world if tp else 1)))
         failed_in_a_row = 0
         try:
             while not self._stopping:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -36,3 +38,19 @@ def vendor(device: torch.device) -> str:
     if device.type == "xpu":
         return "intel"
     return "cpu"
+
+
+def cpu_engine_threads() -> int:
+    """Torch threads for an engine running on the CPU: every core this process may use.
+
+    OpenMP workers that busy-wait while idle spin on the core the event loop needs for HTTP and SSE: on 2 cores that
+    made a streamed request several times slower than the same engine offline. The package makes them sleep
+    (OMP_WAIT_POLICY=PASSIVE, see __init__); when a user sets another wait policy, one core is left to the event
+    loop instead. OMP_NUM_THREADS, when set, is the operator's choice and wins.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return max(1, cores)
+    return max(1, cores - 1)

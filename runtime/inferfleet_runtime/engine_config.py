@@ -23,6 +23,7 @@ class EngineConfig:
     dtype: str | None = None
     device: str | None = None
     seed: int = 0  # seeds sampling of requests that give no seed
+    tensor_parallel_size: int = 1  # ranks (devices, or CPU processes) one model is sharded over
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -39,6 +40,10 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.max_queue_len < 0:
             raise ValueError(f"max_queue_len must not be negative, got {self.max_queue_len}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.quantization != "none":
+            raise ValueError("quantization with tensor_parallel_size > 1 is not supported yet: serve it on one rank")
         if self.kernels not in KERNEL_BACKENDS:
             raise ValueError(f"kernels must be one of {', '.join(KERNEL_BACKENDS)}, got {self.kernels!r}")
         if self.quantization not in QUANTIZATIONS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from .config import ModelConfig
 from .device import pick_device
 from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
+from .layers.parallel import TensorParallel, local_config, parallelize, shard_weights
 from .layers.quantized import QuantizedLinear, empty_quantized_linears, quantize_as_read, quantized_tensors
 from .models import build_model, read_config_dir
 from .tokenizer import Tokenizer
@@ -29,6 +31,7 @@ _FUSED = {
     "up_proj": ("gate_up_proj", 1),
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -49,11 +52,14 @@ def load_model(
     device: str | torch.device | None = None,
     kernels: str = "auto",
     quantization: str = "none",
+    tensor_parallel: TensorParallel | None = None,
 ) -> LoadedModel:
     """The model (eval, on device), its config and tokenizer; dtype defaults to the checkpoint's.
 
     model_dir is a Hugging Face checkpoint directory, a .gguf file or a directory holding one .gguf; quantization
-    int8 or int4 quantizes the decoder's linears as their weights are read (layers.quantized)."""
+    int8 or int4 quantizes the decoder's linears as their weights are read (layers.quantized). With
+    tensor_parallel, the model holds this rank's part of each weight (layers.parallel); config stays the whole
+    model's."""
     model_dir = Path(model_dir)
     gguf_file = find_gguf(model_dir)
     scheme = None
@@ -71,8 +77,14 @@ def load_model(
         config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
     )
     device = pick_device(device)
+    model_config = config
+    if tensor_parallel is not None and tensor_parallel.world > 1:
+        if scheme is not None or quantization != "none":
+            raise CheckpointError("tensor parallelism shards float weights only: serve quantized weights on one rank")
+        model_config = local_config(config, tensor_parallel.world)
+        weights = shard_weights(weights, config, tensor_parallel)
     with torch.device("meta"):
-        model = build_model(config, get_ops(kernels, config.dtype, device)).to(config.dtype)
+        model = build_model(model_config, get_ops(kernels, config.dtype, device)).to(config.dtype)
         if scheme is not None:
             replace_linears(model, scheme, config.dtype)
         elif empty_quantized_linears(model, quantization):
@@ -82,6 +94,10 @@ def load_model(
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
     model.init_rope()
+    if model_config is not config:
+        replicated = parallelize(model, tensor_parallel, config.vocab_size)
+        if replicated:
+            log.info("Replicated %s on every tensor-parallel rank", ", ".join(replicated))
     return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 
 

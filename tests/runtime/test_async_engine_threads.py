@@ -10,32 +10,32 @@ from pathlib import Path
 
 import pytest
 
-from inferfleet_runtime import async_engine
+from inferfleet_runtime import device
 
-RUNTIME_ROOT = Path(async_engine.__file__).resolve().parents[1]
+RUNTIME_ROOT = Path(device.__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def eight_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(async_engine.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: set(range(8)))
 
 
 def test_cpu_engine_threads_use_every_core_when_openmp_workers_sleep(eight_cores, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
-    assert async_engine.cpu_engine_threads() == 8
+    assert device.cpu_engine_threads() == 8
 
 
 def test_cpu_engine_threads_leave_one_core_for_the_event_loop_when_workers_spin(eight_cores, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert async_engine.cpu_engine_threads() == 7
-    monkeypatch.setattr(async_engine.os, "sched_getaffinity", lambda pid: {0})
-    assert async_engine.cpu_engine_threads() == 1
+    assert device.cpu_engine_threads() == 7
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0})
+    assert device.cpu_engine_threads() == 1
 
 
 def test_cpu_engine_threads_follow_omp_num_threads_when_set(eight_cores, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert async_engine.cpu_engine_threads() == 3
+    assert device.cpu_engine_threads() == 3
 
 
 def _wait_policy_after_import(env: dict) -> str:

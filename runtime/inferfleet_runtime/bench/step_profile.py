@@ -4,7 +4,7 @@ the prompts are prefilled (a program, not a test):
     python -m inferfleet_runtime.bench.step_profile [--model DIR] [--batch 1,32] [--threads N] [--steps 20]
 
 The default model is `bench compare`'s (random Llama, hidden 512, 8 layers, vocab 4096, float32). Threads default
-to what the server's engine thread uses (`async_engine.cpu_engine_threads`). Each of the kernel facade's five ops
+to what the server's engine thread uses (`device.cpu_engine_threads`). Each of the kernel facade's five ops
 is profiled as one range named `<backend>::<op>`, the native backend's matmul as `native::linear` and its one-call
 decoder stack (native.forward, which serves every paged step of a native model) as `native::forward`; C calls are
 invisible to the profiler otherwise. A range's self time is what it spends outside the torch ops it calls.
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from inferfleet_runtime.async_engine import cpu_engine_threads
+    from inferfleet_runtime.device import cpu_engine_threads
     from inferfleet_runtime.engine import LLMEngine
     from inferfleet_runtime.engine_config import EngineConfig
     from inferfleet_runtime.sampling import SamplingParams

@@ -59,6 +59,8 @@ class LlamaModel(nn.Module):
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
         # Set by enable_native_forward for the native kernels: the decoder stack of a paged step as one C call.
         self.native_weights: native.DecoderWeights | None = None
+        # What keeps this instance (not its family) off the whole-stack native forward (layers.parallel sets it).
+        self.native_forward_blockers: list[str] = []
 
     def init_rope(self) -> None:
         """Builds the RoPE table on the model's device (call after the weights are in place)."""
@@ -74,7 +76,7 @@ class LlamaModel(nn.Module):
     def enable_native_forward(self) -> None:
         """Serves paged steps through native.forward once every linear is a NativeLinear (layers.pack_linears
         calls this), or logs why the layers keep running op by op on the native kernels."""
-        gaps = self.native_forward_gaps()
+        gaps = self.native_forward_gaps() + self.native_forward_blockers
         if gaps:
             log.info(
                 "Kept %s (family %s) op by op on the native kernels: the whole-stack native forward has no %s",

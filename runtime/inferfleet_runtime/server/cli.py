@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="quantize a float checkpoint's linear weights at load: int8 per output channel, int4 group-wise "
         "(paged engine only)",
     )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard the model over N ranks: N devices, or N processes on a CPU (paged engine only)",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument(
         "--api-key",
@@ -96,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         kernels=args.kernels,
         quantization=args.quantization,
+        tensor_parallel_size=args.tensor_parallel_size,
         dtype=None if args.dtype in (None, "auto") else args.dtype,
         device=args.device,
     )
@@ -139,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail("--engine compiled needs --engine-dir DIR")
         if config.quantization != "none":
             return _fail("--quantization needs the paged engine: a compiled engine serves float weights only")
+        if config.tensor_parallel_size != 1:
+            return _fail("--tensor-parallel-size needs the paged engine: compiled engines are exported for one device")
         try:
             from inferfleet_runtime import compiled
         except ImportError as exc:

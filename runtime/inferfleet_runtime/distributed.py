@@ -1,0 +1,156 @@
+"""Tensor-parallel serving processes. Rank 0 is the server: it owns the scheduler, the block manager and the
+sampler, and starts one worker process per other rank (`python -m inferfleet_runtime.tp_worker`). Each step rank 0
+broadcasts the batch's inputs (token ids, positions, slot mapping, block tables, the rows whose logits are needed)
+and every rank runs the forward on its part of the weights (layers.parallel); the all-reduces and the logits'
+all-gather happen inside it. Backends: NCCL on CUDA (RCCL on ROCm builds of torch), gloo on a CPU.
+
+A rank that exits ends the server: rank 0 watches its workers and exits non-zero naming the rank and its exit
+code (also as the container's termination message); a worker dies with rank 0 (its stdin pipe from rank 0 closes) or when its
+collective loses rank 0. The process group waits without a timeout: an idle server sends no step for hours.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .attention import AttentionMetadata
+from .device import pick_device
+from .engine_config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+PROGRAM = "inferfleet-runtime serve"
+NO_TIMEOUT = timedelta(days=365)
+WATCH_INTERVAL_S = 0.2
+_STOP, _STEP = 0, 1
+_HEADER = 8  # int64: command, tokens, sequences, block table width, max query len, max seq len, logit rows, unused
+
+
+def rank_device(preferred: str | None, rank: int) -> torch.device:
+    """The device of a rank: the accelerator after the preferred one's index by `rank`, or the CPU."""
+    device = pick_device(preferred)
+    if device.type in ("cuda", "xpu"):
+        device = torch.device(device.type, (device.index or 0) + rank)
+        pick_device(device)  # refuses a device this machine does not have, naming it
+    return device
+
+
+def backend_of(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_group(rank: int, world: int, port: int, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend_of(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=NO_TIMEOUT
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fatal(message: str) -> None:
+    """Ends this process at once with `message` as its error (stderr and termination message), exit code 1."""
+    from .termination import fail
+
+    fail(PROGRAM, message, 1)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+class Workers:
+    """The worker processes of ranks 1 .. world-1, and the thread that ends the server when one of them exits."""
+
+    def __init__(self, model_dir: Path, config: EngineConfig, port: int):
+        spec = {"model_dir": str(model_dir), "config": dataclasses.asdict(config), "port": port}
+        self.stopping = False
+        self.processes = {
+            rank: subprocess.Popen(
+                [sys.executable, "-m", "inferfleet_runtime.tp_worker", json.dumps({**spec, "rank": rank})],
+                stdin=subprocess.PIPE,  # never written: it closes when this process exits, which ends the worker
+            )
+            for rank in range(1, config.tensor_parallel_size)
+        }
+        atexit.register(self.stop)
+        threading.Thread(target=self._watch, name="inferfleet-tp-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.stopping:
+            for rank, process in self.processes.items():
+                code = process.poll()
+                if code is not None and not self.stopping:
+                    self.stop()
+                    fatal(f"tensor-parallel rank {rank} exited with code {code}; the server cannot go on without it")
+            time.sleep(WATCH_INTERVAL_S)
+
+    def stop(self) -> None:
+        self.stopping = True
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+
+
+def send_step(
+    input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, last_rows: torch.Tensor
+) -> None:
+    """Rank 0: the step's inputs to every other rank (two broadcasts: a header, then one int64 payload)."""
+    batch, width = meta.block_tables.shape
+    header = [_STEP, input_ids.numel(), batch, width, meta.max_query_len, meta.max_seq_len, last_rows.numel(), 0]
+    dist.broadcast(torch.tensor(header, dtype=torch.int64, device=input_ids.device), src=0)
+    payload = torch.cat(
+        [
+            input_ids,
+            positions,
+            meta.slot_mapping,
+            meta.block_tables.flatten().long(),
+            meta.seq_lens.long(),
+            meta.query_start_loc.long(),
+            last_rows,
+        ]  # fmt: skip
+    )
+    dist.broadcast(payload, src=0)
+
+
+def send_stop(device: torch.device) -> None:
+    dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER - 1), dtype=torch.int64, device=device), src=0)
+
+
+def receive_step(device: torch.device):
+    """Ranks > 0: (input_ids, positions, meta, last_rows) of rank 0's next step, or None when it says stop."""
+    header = torch.empty(_HEADER, dtype=torch.int64, device=device)
+    dist.broadcast(header, src=0)
+    command, tokens, batch, width, max_query_len, max_seq_len, rows, _ = header.tolist()
+    if command == _STOP:
+        return None
+    payload = torch.empty(3 * tokens + batch * width + 2 * batch + 1 + rows, dtype=torch.int64, device=device)
+    dist.broadcast(payload, src=0)
+    ids, positions, slots, tables, seq_lens, starts, last_rows = payload.split(
+        [tokens, tokens, tokens, batch * width, batch, batch + 1, rows]
+    )
+    meta = AttentionMetadata(
+        slot_mapping=slots,
+        block_tables=tables.view(batch, width).int(),
+        seq_lens=seq_lens.int(),
+        query_start_loc=starts.int(),
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+    )
+    return ids, positions, meta, last_rows
