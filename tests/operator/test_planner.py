@@ -341,3 +341,37 @@ def test_an_unquantized_model_passes_no_quantization_flag_and_still_compiles(qua
     p = plan(service(replicas=4, model=model))
     assert len(p.engine_builds) == 1
     assert all("--quantization" not in args(d) for d in p.children if d["kind"] == "Deployment")
+
+
+def test_a_tensor_parallel_service_is_served_paged_with_the_flag_shared_memory_and_its_gpus():
+    tp = {"engine": {"tensorParallelSize": 4}, "resources": {"gpusPerReplica": 4}}
+    p = plan(service(replicas=2, **tp))
+    assert p.engine_builds == []  # compiled engines are exported for one device: nothing to build
+    entry = pool(p, "nvidia-h100-80gb-hbm3")
+    assert (entry["engine"], entry["servingEngine"]) == ("Paged", "Paged")
+    assert "engine.tensorParallelSize 4 needs the paged engine" in entry["choiceReason"]
+    deployment = kinds(p)[f"Deployment/{NV}"]
+    assert args(deployment)[args(deployment).index("--tensor-parallel-size") :][:2] == ["--tensor-parallel-size", "4"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_one_rank_passes_no_tensor_parallel_flag_nor_shared_memory():
+    p = plan(service(replicas=2, runtime={"policy": "Paged"}))
+    for deployment in (d for d in p.children if d["kind"] == "Deployment"):
+        assert "--tensor-parallel-size" not in args(deployment)
+        assert all(v["name"] != "dshm" for v in deployment["spec"]["template"]["spec"]["volumes"])
+
+
+def test_a_pool_whose_nodes_hold_fewer_gpus_than_a_replica_shards_over_gets_none_and_says_why():
+    tp = {"engine": {"tensorParallelSize": 4}, "resources": {"gpusPerReplica": 4}}
+    small = [h100("h1", gpus=2), h100("h2", gpus=2), mi300x("m1")]
+    p = plan(service(replicas=2, **tp), nodes=small)
+    entry = pool(p, "nvidia-h100-80gb-hbm3")
+    assert (entry["desiredReplicas"], entry["reason"]) == (0, "NoCapacity")
+    assert entry["message"] == "no node has 4 allocatable nvidia.com/gpu"
+    assert pool(p, "amd-mi300x")["desiredReplicas"] == 2  # 8 per node: the MI300X pool takes them

@@ -76,7 +76,9 @@ def envelope_schema(description: str, rules=None) -> dict:
             "maxBatchSize": integer("Most sequences decoded together.", d("max_batch_size"), BOUNDS["max_batch_size"]),
             "dtype": string("Weight and activation dtype.", d("dtype"), DTYPES),
             "tensorParallelSize": integer(
-                "GPUs one replica shards the model over.", d("tensor_parallel_size"), enum=TENSOR_PARALLEL_SIZES
+                "Ranks one replica shards the model over (tensor parallelism): its GPUs, or processes on a CPU pool. Over 1, compiled pools are served paged.",
+                d("tensor_parallel_size"),
+                enum=TENSOR_PARALLEL_SIZES,
             ),
             "blockSize": integer("Tokens per KV-cache block.", d("block_size"), enum=BLOCK_SIZES),
         },

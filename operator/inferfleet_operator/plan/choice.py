@@ -129,6 +129,11 @@ def _choose_engine(spec: InferenceServiceSpec, pool: Pool, fitting: list[Inferen
             f"model.quantization {spec.model.quantization} needs the paged engine (compiled engines serve float "
             "weights only)"
         )
+    elif compiled_candidates and spec.engine.tensor_parallel_size > 1:
+        compiled_note = (
+            f"engine.tensorParallelSize {spec.engine.tensor_parallel_size} needs the paged engine (compiled engines "
+            "are exported for one device)"
+        )
     elif compiled_candidates and pool.architecture == UNKNOWN:
         compiled_note = "the pool's GPU architecture is unknown and compiled engines are built per architecture"
     elif compiled_candidates:

@@ -209,14 +209,21 @@ def _envelope_args(envelope) -> list[str]:
 
 
 def _serve_limit_args(envelope) -> list[str]:
-    """The envelope as `inferfleet-runtime serve` (paged) spells it. The paged runtime has no tensor-parallel
-    flag yet: tensor_parallel_size is not passed (a paged replica runs on one device)."""
-    return [
+    """The envelope as `inferfleet-runtime serve` (paged) spells it; the tensor-parallel size where it is over 1."""
+    args = [
         "--max-model-len", str(envelope.max_context_length),
         "--max-num-seqs", str(envelope.max_batch_size),
         "--dtype", envelope.dtype,
         "--block-size", str(envelope.block_size),
     ]  # fmt: skip
+    if envelope.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(envelope.tensor_parallel_size)]
+    return args
+
+
+# Shared memory of a tensor-parallel pod: the ranks' collectives (NCCL, RCCL, gloo) pass buffers through /dev/shm,
+# which a container otherwise gets at 64 MiB. A memory-backed emptyDir counts against the pod's memory limit.
+SHARED_MEMORY_LIMIT = "1Gi"
 
 
 # A removed serving pod keeps accepting connections this long after it starts terminating: the Service's endpoints
@@ -266,6 +273,9 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         volumes.append(volume)
         mounts.append({"name": "model", "mountPath": settings.model_mount, "readOnly": True})
         init_containers = [_fetch_container(image, a, settings, spec.model.credentials_secret) for a in fetches]
+        if spec.engine.tensor_parallel_size > 1:
+            volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHARED_MEMORY_LIMIT}})
+            mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     args += ["--port", str(settings.port), "--served-model-name", spec.model.name]
     limits = {"memory": spec.resources.memory}
     if serving.gpu_resource:
