@@ -19,6 +19,7 @@ Row-parallel biases are kept on rank 0 only (zero elsewhere), so the all-reduce 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -138,8 +139,16 @@ def shard_weights(
         yield name, tensor.contiguous()
 
 
+# Wall seconds this process spent in the collectives (waiting for the slowest rank included): bench.tensor_parallel
+# reports it as the communication share of a step.
+collective_seconds = 0.0
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    global collective_seconds
+    started = time.perf_counter()
     dist.all_reduce(x)
+    collective_seconds += time.perf_counter() - started
     return x
 
 
@@ -199,7 +208,10 @@ class VocabParallelHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         part = self.head(hidden).contiguous()  # [N, Vp / w]
         parts = [torch.empty_like(part) for _ in range(self.world)]
+        global collective_seconds
+        started = time.perf_counter()
         dist.all_gather(parts, part)
+        collective_seconds += time.perf_counter() - started
         return torch.cat(parts, dim=-1)[:, : self.vocab_size]  # [N, vocab]
 
 
