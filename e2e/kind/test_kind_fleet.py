@@ -255,6 +255,34 @@ def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluste
     assert "paged" in wide.lower()
 
 
+def test_a_tensor_parallel_service_answers_from_one_cpu_pod_running_two_ranks(kind_cluster, demo):
+    sharded = _service("sharded", ["cpu"], 1)
+    sharded["spec"]["engine"] = {**ENGINE, "tensorParallelSize": 2}
+    sharded["spec"]["resources"] = {**SMALL, "gpusPerReplica": 2}  # the CRD holds the two equal
+    kind_cluster.apply(sharded, namespace=demo)
+    deployment = f"sharded-{CPU_POOL}"
+    try:
+        wait_for(
+            lambda: _ready_replicas(kind_cluster, demo, deployment) >= 1,
+            timeout=600,
+            interval=2,
+            message=f"{deployment} ready (one pod, two tensor-parallel ranks)",
+        )
+        [pod] = kind_cluster.items("pods", demo, selector="inferfleet.dev/service=sharded")
+        container = pod["spec"]["containers"][0]
+        assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "2"
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        logs = kind_cluster.kubectl("logs", pod["metadata"]["name"], "-n", demo).stdout
+        assert "tensor-parallel rank 0 of 2" in logs and "tensor-parallel rank 1 of 2" in logs, logs[-3000:]
+        with port_forward(kind_cluster, demo, "service/sharded", 8000) as base:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+            messages = [{"role": "user", "content": "Complete: Beautiful is"}]
+            reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+            assert reply.choices[0].message.content.startswith("Beautiful is better than ugly.")  # as one rank says
+    finally:
+        kind_cluster.kubectl("delete", "infsvc", "sharded", "-n", demo, "--wait=true", check=False)
+
+
 def test_simulated_gpu_pools_get_their_deployments_in_the_same_cluster(kind_cluster, serve_ns):
     fleet = _service("fleet", ["nvidia", "amd", "intel"], 3, runtime={"policy": "Auto"})
     fleet["spec"]["placement"]["tolerations"] = [KWOK_TOLERATION]
