@@ -51,6 +51,14 @@ build() {
         --build-arg "TORCH_INDEX_URL=${INFERFLEET_TORCH_INDEX_URL:-}" \
         --label "dev.inferfleet.inputs=$hash" -t "$tag" - >&2
     log "Built $tag in $(( $(date +%s) - began )) s ($(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1 / 1e9}'))"
+    # Earlier builds of this image (other input hashes) are left behind by every change: a runtime image is
+    # 6.4 GB, so they are removed (a kind node keeps its own copy of what it loaded; a tag still in use stays).
+    docker images "$repo" --format '{{.Tag}}' | while read -r old; do
+      if [ "$old" != "$hash" ] && [ "$old" != "$app_version" ] && docker rmi "$repo:$old" >/dev/null 2>&1; then
+        log "Removed the earlier build $repo:$old"
+      fi
+    done
+    docker image prune -f >/dev/null 2>&1 || true
   fi
   docker tag "$tag" "$repo:$app_version"
   echo "$kind=$tag"

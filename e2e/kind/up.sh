@@ -79,6 +79,12 @@ for image in "$operator_image" "$kwok_image" "$runtime_image"; do
   if grep -qF "$id" <<<"$present"; then
     log "  $image: present"
   else
+    # The node's earlier builds of this image first: each is gigabytes of the node's disk, and nothing here
+    # runs them once the release moves to this tag (one still running keeps its image: crictl refuses).
+    docker exec "$node" crictl images 2>/dev/null | awk -v repo="docker.io/${image%:*}" -v tag="${image##*:}" \
+      '$1 == repo && $2 != tag {print $3}' | while read -r old; do
+      if docker exec "$node" crictl rmi "$old" >/dev/null 2>&1; then log "  removed an earlier ${image%:*} from the node"; fi
+    done
     t=$(date +%s)
     "${kind[@]}" load docker-image --name "$cluster" "$image" >/dev/null 2>"$state/load.err" ||
       { log "  $image: kind load failed (free disk: $(df -h --output=avail "$state" | tail -1)): $(tail -3 "$state/load.err")"; exit 1; }
