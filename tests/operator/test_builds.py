@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import copy
+import json
 from datetime import timedelta
 
+import pytest
 from crd_eval import load_schema, schema_errors
 from planning_data import NOW
 
 from inferfleet_operator.api.names import UNREFERENCED_ANNOTATION
-from inferfleet_operator.api.types import PlanSettings
+from inferfleet_operator.api.types import EngineBuildSpec, PlanSettings, from_dict
 from inferfleet_operator.plan.builds import backoff_seconds, plan_build, plan_gc
+from inferfleet_operator.plan.engine_key import spec_key
 
-KEY = "0123456789abcdef"
+BASE = {
+    "modelUri": "hf://org/m", "revision": "main", "envelope": {"maxContextLength": 2048},
+    "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1", "gpuResource": "nvidia.com/gpu",
+    "gpus": 1, "maxAttempts": 3, "backoffSeconds": 10, "placement": {"nodeNames": ["h1", "h2"]},
+}  # fmt: skip
+KEY = spec_key(from_dict(EngineBuildSpec, BASE | {"engineKey": ""}))
 
 
 def build(status=None, **spec) -> dict:
-    base = {
-        "engineKey": KEY, "modelUri": "hf://org/m", "revision": "main", "envelope": {"maxContextLength": 2048},
-        "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1", "gpuResource": "nvidia.com/gpu",
-        "gpus": 1, "maxAttempts": 3, "backoffSeconds": 10, "placement": {"nodeNames": ["h1", "h2"]},
-    }  # fmt: skip
+    base = BASE | {"engineKey": KEY}
     return {
         "metadata": {"name": KEY, "namespace": "team-a", "uid": "uid-b", "generation": 1},
         "spec": base | spec,
@@ -146,6 +150,52 @@ def test_succeeded_job_makes_the_build_ready_with_artifact_details():
         60,
     )
     assert s["conditions"][0]["status"] == "True" and p.job is None
+
+
+def test_succeeded_job_records_the_model_digest_and_commit_and_the_directory_they_name():
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    message = f'{{"artifactSizeBytes": 1, "modelDigest": "00ff00ff00ff00ff", "modelCommit": "{commit}"}}'
+    s = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    assert (s["modelDigest"], s["resolvedRevision"]) == ("00ff00ff00ff00ff", commit)
+    assert s["artifactPath"] == f"/engines/{KEY}/00ff00ff00ff00ff"
+
+
+@pytest.mark.parametrize("digest", ["../../etc", "00FF00FF00FF00FF", "00ff", 7, ""])
+def test_a_reported_digest_not_of_its_form_is_ignored(digest):
+    message = json.dumps({"modelDigest": digest, "modelCommit": "main"})
+    s = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    assert "modelDigest" not in s and "resolvedRevision" not in s and s["artifactPath"] == f"/engines/{KEY}"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"modelUri": "hf://org/other"},
+        {"revision": "v2"},
+        {"envelope": {"maxContextLength": 4096}},
+        {"architecture": "sm80"},
+        {"compileImage": "c:2"},
+        {"image": "r:2"},
+        {"quantization": "Int8"},
+    ],
+)
+def test_a_build_whose_spec_does_not_hash_to_its_key_is_refused_and_builds_nothing(change):
+    refused = build()
+    refused["spec"] |= change
+    p = plan_build(refused, [], NOW)
+    assert p.job is None and p.status["state"] == "Failed" and p.status["attempts"] == 0
+    assert p.status["conditions"][0]["reason"] == "KeyMismatch"
+    assert "does not hash to its key" in p.status["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "KeyMismatch")]
+    # The Event goes out once, not on every resync.
+    assert plan_build(refused | {"status": p.status}, [], NOW).events == []
+
+
+def test_a_build_named_other_than_its_key_is_refused():
+    renamed = build()
+    renamed["metadata"]["name"] = "fedcba9876543210"
+    p = plan_build(renamed, [], NOW)
+    assert p.job is None and p.status["conditions"][0]["reason"] == "KeyMismatch"
 
 
 def test_plan_build_is_deterministic_and_quiet_on_resync():

@@ -56,6 +56,7 @@ REASON_JOB_SUCCEEDED = "JobSucceeded"
 REASON_JOB_FAILED = "JobFailed"
 REASON_BACKOFF = "BackoffBeforeRetry"
 REASON_ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+REASON_KEY_MISMATCH = "KeyMismatch"  # the spec does not hash to spec.engineKey: nothing is built
 
 
 @dataclass(frozen=True)

@@ -630,6 +630,12 @@ def engine_build() -> dict:
                 pattern=SECRET_NAME_PATTERN,
                 max_length=253,
             ),
+            "quantization": string(
+                "The service's spec.model.quantization (part of the key).",
+                d("quantization"),
+                QUANTIZATIONS,
+                rules=[rule("self == oldSelf", f"quantization {fixed}")],
+            ),
         },
         required=("engineKey", "modelUri", "revision", "envelope", "vendor", "architecture", "image", "compileImage"),
     )
@@ -643,7 +649,15 @@ def engine_build() -> dict:
             "progress": string("What the latest attempt is doing."),
             "message": string("Detail."),
             "failureReason": string("Why the latest attempt failed."),
-            "artifactPath": string("Engine directory in the engine cache."),
+            "artifactPath": string("Engine directory in the engine cache: <mount>/<key>/<modelDigest>."),
+            "modelDigest": string(
+                "Digest of the compiled model's content manifest (file names, sizes, sha256, hub commit), reported by "
+                "the compile Job; names the engine's directory under its key.",
+                pattern=r"^[0-9a-f]{16}$",
+            ),
+            "resolvedRevision": string(
+                "The hub commit an hf:// revision resolved to when the engine was compiled.", pattern=r"^[0-9a-f]{40}$"
+            ),
             "artifactSizeBytes": {"type": "integer", "format": "int64", "description": "Engine size."},
             "startTime": {
                 "type": "string",

@@ -236,6 +236,7 @@ class EngineBuildSpec:
     resources: BuildResources = field(default_factory=BuildResources)
     model_size: str = ""
     credentials_secret: str = ""
+    quantization: str = "Auto"  # the service's spec.model.quantization: part of the key (engine_key)
 
 
 # ---------------------------------------------------------------- objects

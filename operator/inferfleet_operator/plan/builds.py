@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -19,6 +20,7 @@ from inferfleet_operator.api.names import (
 from inferfleet_operator.api.types import DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
 from inferfleet_operator.plan import findings as f
 from inferfleet_operator.plan import manifests as m
+from inferfleet_operator.plan.engine_key import spec_key
 
 
 @dataclass
@@ -108,6 +110,23 @@ def _result(pods: list[dict]) -> dict:
     return {}
 
 
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def content_status(result: dict, key: str, settings: PlanSettings) -> dict:
+    """What the compile container reported of the model it compiled: modelDigest (the digest of its content
+    manifest, which names the engine's directory under its key) and resolvedRevision (the hub commit). A value
+    not of its form is ignored: the message is the pod's to write, and the digest becomes a path."""
+    digest, commit = result.get("modelDigest"), result.get("modelCommit")
+    out = {}
+    if isinstance(digest, str) and _DIGEST.match(digest):
+        out.update(modelDigest=digest, artifactPath=m.engine_dir(settings, key, digest))
+    if isinstance(commit, str) and _COMMIT.match(commit):
+        out["resolvedRevision"] = commit
+    return out
+
+
 def _progress(job: dict, pods: list[dict]) -> str:
     for obj in [job] + pods:
         value = ((obj.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
@@ -163,6 +182,14 @@ def plan_build(
     except SpecError as error:
         status = {"state": "Failed", "attempts": 0, "failureReason": str(error), "message": str(error)}
         return _finish(status, previous, prev_conditions, now, generation, None, None)
+    expected = spec_key(spec)
+    if expected != spec.engine_key or name != spec.engine_key:
+        text = (
+            f"spec does not hash to its key: engineKey {spec.engine_key!r} (name {name!r}), the spec's hash is "
+            f"{expected!r}; nothing is built"
+        )
+        status = {"state": "Failed", "attempts": 0, "failureReason": text, "message": text}
+        return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_KEY_MISMATCH)
 
     jobs = sorted((j for j in jobs if _attempt(j) > 0), key=_attempt)
     attempts = _attempt(jobs[-1]) if jobs else 0
@@ -207,6 +234,7 @@ def plan_build(
             status["durationSeconds"] = int((end - start).total_seconds())
         if isinstance(result.get("artifactSizeBytes"), int):
             status["artifactSizeBytes"] = result["artifactSizeBytes"]
+        status.update(content_status(result, spec.engine_key, settings))
         return _finish(status, previous, prev_conditions, now, generation, None, None)
 
     if not jobs:

@@ -74,6 +74,17 @@ class PoolServing:
     engine_key: str  # the compiled engine served ("" when paged)
     replicas: int
     gpu_resource: str  # "" for cpu pools
+    model_digest: str = ""  # the served build's model content digest ("" for builds made before content addressing)
+
+
+def engine_dir(settings: PlanSettings, key: str, model_digest: str = "") -> str:
+    """Where a compiled engine lives in the engine cache: <mount>/<key>/<model digest>, or <mount>/<key> for an
+    engine built before its directory was addressed by the model's content."""
+    return (
+        f"{settings.engine_cache_mount}/{key}/{model_digest}"
+        if model_digest
+        else f"{settings.engine_cache_mount}/{key}"
+    )
 
 
 # ------------------------------------------------------------------ pod pieces
@@ -252,8 +263,8 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]
     init_containers = []
     if serving.engine == "Compiled":
-        engine_dir = f"{settings.engine_cache_mount}/{serving.engine_key}"
-        args = ["serve", "--engine-dir", engine_dir, "--engine", "compiled"]
+        directory = engine_dir(settings, serving.engine_key, serving.model_digest)
+        args = ["serve", "--engine-dir", directory, "--engine", "compiled"]
         volumes.append(
             {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}}
         )
@@ -388,11 +399,14 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
     model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings, spec.model_size)
     out = f"{settings.engine_cache_mount}/{spec.engine_key}"
     args = ["compile", "--model", model_dir, "--out", out, "--backend", compile_backend(spec.vendor)]
+    # --content-addressed: the engine lands in <out>/<digest of the model's content manifest> (names, sizes,
+    # sha256, the hub commit), which the compile container reports back; see docs/security.md.
     args += _envelope_args(spec.envelope) + [
         "--engine-key",
         spec.engine_key,
         "--target-architecture",
         spec.architecture,
+        "--content-addressed",
     ]
     limits = {"memory": spec.resources.memory}
     if spec.gpu_resource:

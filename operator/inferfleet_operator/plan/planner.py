@@ -21,7 +21,7 @@ from inferfleet_operator.api.types import (
 )
 from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.choice import Excluded, PoolChoice, choose_runtimes, placement_tier, restrict_pool
-from inferfleet_operator.plan.engine_key import engine_key
+from inferfleet_operator.plan.engine_key import engine_key, runtime_identity
 from inferfleet_operator.plan.manifests import PoolServing
 from inferfleet_operator.plan.pool_decision import decide_pool
 from inferfleet_operator.plan.pools import Pool, group_pools
@@ -168,8 +168,7 @@ def excluded_nodes_status(excluded: tuple[tuple[str, str], ...]) -> dict:
 
 
 def _runtime_identity(runtime: InferenceRuntime) -> str:
-    """What the engine depends on besides model and envelope: the compiler and the server that loads it."""
-    return f"compile={runtime.spec.compile_image};serve={runtime.spec.image}"
+    return runtime_identity(runtime.spec.compile_image, runtime.spec.image)
 
 
 def _build_state(build: dict | None) -> str:
@@ -229,6 +228,7 @@ def _build_spec(
         resources=spec.build.resources,
         model_size=spec.model.size,
         credentials_secret=spec.model.credentials_secret,
+        quantization=spec.model.quantization,
     )
 
 
@@ -289,7 +289,8 @@ def _plan_pool(
     # A compiled pool served paged (bridge, fallback) runs its paged companion.
     runtime = choice.runtime if decision.engine == choice.engine else choice.paged_runtime
     gpu_resource = "" if pool.vendor == "cpu" else (runtime.spec.gpu_resource or pool.gpu_resource)
-    serving = PoolServing(pool, runtime, decision.engine, decision.engine_key, replicas, gpu_resource)
+    digest = ((builds.get(decision.engine_key) or {}).get("status") or {}).get("modelDigest", "")
+    serving = PoolServing(pool, runtime, decision.engine, decision.engine_key, replicas, gpu_resource, digest)
     return entry, serving, decision.build_keys
 
 

@@ -80,8 +80,11 @@ def build_engine(
     device: torch.device,
     engine_key: str | None = None,
     progress: Progress = lambda stage, percent: None,
+    model_digest: str = "",
+    model_commit: str = "",
 ) -> Manifest:
-    """Builds the engine into out_dir (kept as is when it already holds an engine with this key)."""
+    """Builds the engine into out_dir (kept as is when it already holds an engine with this key). model_digest and
+    model_commit (model_content) are recorded in the manifest."""
     backend = get_backend(backend_name)
     backend.check_available(device)
     architecture = device_architecture(device)
@@ -121,6 +124,9 @@ def build_engine(
             started,
             progress,
         )
+        if model_digest or model_commit:
+            manifest.model_digest, manifest.model_commit = model_digest, model_commit
+            write_manifest(staging, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

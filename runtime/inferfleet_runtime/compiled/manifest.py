@@ -43,6 +43,8 @@ class Manifest:
     build_seconds: float = 0.0
     sizes: dict[str, int] = field(default_factory=dict)  # total_bytes, graph_bytes, kv_cache_bytes
     checksums: dict[str, str] = field(default_factory=dict)  # every other file of the directory -> sha256
+    model_digest: str = ""  # the model's content digest (model_content), "" when built without --content-addressed
+    model_commit: str = ""  # the hub commit the model was fetched at, "" when not from a hub
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:

@@ -43,7 +43,10 @@ def test_compile_job_args_build_an_engine_with_the_operators_key(demo_model_dir,
     assert args[0] == "compile" and args[args.index("--backend") + 1] == "aotinductor"
     args = _replace(_replace(args, "--model", str(demo_model_dir)), "--out", str(tmp_path / "0123abcd"))
     assert main(args + ["--device", "cpu"]) == 0
-    manifest = json.loads((tmp_path / "0123abcd" / "manifest.json").read_text())
+    from inferfleet_runtime.model_content import content_digest, content_manifest
+
+    digest = content_digest(content_manifest(demo_model_dir))  # --content-addressed: under the model's digest
+    manifest = json.loads((tmp_path / "0123abcd" / digest / "manifest.json").read_text())
     assert manifest["engine_key"] == "0123abcd"
     assert manifest["envelope"]["max_context_length"] == 128 and manifest["envelope"]["max_batch_size"] == 4
     assert capsys.readouterr().out.splitlines()[-1].startswith("built engine=0123abcd")
