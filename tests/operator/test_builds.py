@@ -36,7 +36,7 @@ def t(seconds: float) -> str:
     return (NOW + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def job(attempt: int, outcome: str, at: float = 0) -> dict:
+def job(attempt: int, outcome: str, at: float = 0, owner: str = "uid-b") -> dict:
     status = {"startTime": t(at - 60)}
     if outcome == "failed":
         status |= {
@@ -54,7 +54,8 @@ def job(attempt: int, outcome: str, at: float = 0) -> dict:
     else:
         status |= {"active": 1}
     name = f"{KEY}-{attempt}"
-    return {"metadata": {"name": name, "annotations": {"inferfleet.dev/attempt": str(attempt)}}, "status": status}
+    meta = {"name": name, "annotations": {"inferfleet.dev/attempt": str(attempt)}, "ownerReferences": [{"uid": owner}]}
+    return {"metadata": meta, "status": status}
 
 
 def pod(job_name: str, exit_code: int, message: str) -> dict:
@@ -196,6 +197,20 @@ def test_a_build_named_other_than_its_key_is_refused():
     renamed["metadata"]["name"] = "fedcba9876543210"
     p = plan_build(renamed, [], NOW)
     assert p.job is None and p.status["conditions"][0]["reason"] == "KeyMismatch"
+
+
+def test_jobs_carrying_the_builds_labels_but_not_owned_by_it_are_not_attempts():
+    # A succeeded Job of someone else (or of an earlier EngineBuild of the same name) does not make it Ready.
+    p = plan_build(build(), [job(1, "succeeded", owner="uid-other"), job(2, "failed", owner="uid-other")], NOW)
+    assert p.status["state"] != "Ready"
+
+
+def test_a_job_name_taken_by_a_job_not_owned_is_left_alone_and_said():
+    p = plan_build(build(), [job(1, "running", owner="uid-other")], NOW)
+    assert p.job is None and p.status["state"] == "Pending" and p.status["progress"] == "job name taken"
+    assert p.status["conditions"][0]["reason"] == "NotOwned"
+    assert f"Job team-a/{KEY}-1 exists and is not owned by this EngineBuild" in p.status["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "NotOwned")]
 
 
 def test_plan_build_is_deterministic_and_quiet_on_resync():

@@ -348,6 +348,58 @@ def test_a_deployment_of_a_pool_no_longer_planned_is_deleted():
     assert world.get("Deployment", "llama-cpu-amd64") is not None
 
 
+def test_an_object_with_the_services_labels_that_it_does_not_own_is_never_deleted():
+    world = World([_service()])
+    world.reconcile()
+    foreign = copy.deepcopy(world.get("Deployment", "llama-cpu-amd64"))
+    foreign["metadata"]["name"] = "someone-elses"
+    foreign["metadata"]["ownerReferences"] = [{"kind": "InferenceService", "name": "llama", "uid": "uid-other"}]
+    world.api.objects[("Deployment", "team-a", "someone-elses")] = foreign
+    unowned = copy.deepcopy(foreign)
+    unowned["metadata"]["name"] = "made-by-hand"
+    del unowned["metadata"]["ownerReferences"]
+    world.api.objects[("Deployment", "team-a", "made-by-hand")] = unowned
+    world.sync()
+    writes = world.reconcile()
+    assert ("DELETE", "Deployment") not in writes
+    assert world.get("Deployment", "someone-elses") and world.get("Deployment", "made-by-hand")
+
+
+def test_a_planned_child_whose_name_is_taken_by_an_object_not_owned_is_left_alone_and_reported():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    taken = world.get("Deployment", "llama-cpu-amd64")
+    taken["metadata"]["ownerReferences"] = [{"kind": "InferenceService", "name": "llama", "uid": "uid-earlier"}]
+    taken["spec"]["replicas"] = 7  # someone else's: the operator must not put its own back
+    world.sync()
+    writes = world.reconcile()
+    assert ("PATCH", "Deployment") not in writes and ("DELETE", "Deployment") not in writes
+    assert world.get("Deployment", "llama-cpu-amd64")["spec"]["replicas"] == 7
+    conditions = {c["type"]: c for c in world.get("InferenceService", "llama")["status"]["conditions"]}
+    assert conditions["Degraded"]["status"] == "True" and conditions["Degraded"]["reason"] == "NotOwned"
+    assert (
+        "Deployment llama-cpu-amd64: exists and is not owned by InferenceService team-a/llama"
+        in (conditions["Degraded"]["message"])
+    )
+    assert any(e["reason"] == "NotOwned" and e["type"] == "Warning" for e in world.api.events)
+
+
+def test_an_engine_build_made_by_hand_is_not_garbage_collected():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.reconcile_build(name)
+    del world.get("EngineBuild", name)["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    del world.api.objects[("InferenceService", "team-a", "llama")]
+    world.sync()
+    world.reconcile_build(name)
+    world.sync()
+    writes, _ = world.reconcile_build(name, at=NOW + datetime.timedelta(seconds=61))
+    assert ("DELETE", "EngineBuild") not in writes and world.get("EngineBuild", name) is not None
+
+
 def test_two_services_with_one_key_share_one_build():
     world = World([_service("llama"), _service("llama-copy")])
     world.reconcile("llama")

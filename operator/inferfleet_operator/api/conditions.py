@@ -40,6 +40,7 @@ REASON_UNSCHEDULABLE = "Unschedulable"  # pods unschedulable for another reason
 REASON_FETCH_FAILED = "FetchFailed"  # the model fetch init container exited non-zero
 REASON_SERVER_FAILED = "ServerFailed"  # the serving container exited non-zero (e.g. an unsupported model)
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # a compile Job ran past activeDeadlineSeconds
+REASON_NOT_OWNED = "NotOwned"  # an object the operator would write exists and is not owned by the resource
 # Per-pool reasons.
 REASON_SERVING_COMPILED = "ServingCompiled"
 REASON_SERVING_PAGED = "ServingPaged"

@@ -37,6 +37,7 @@ from inferfleet_operator.controller.settings import OperatorConfig
 from inferfleet_operator.kube.client import ApiError, Kube
 from inferfleet_operator.kube.diff import is_subset, needs_apply, with_applied_hash
 from inferfleet_operator.plan import builds, findings, planner
+from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.service_status import pool_events
 
 logger = logging.getLogger("inferfleet_operator")
@@ -159,7 +160,18 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     # children. One after the other, a first rollout held its work-queue slot for one round trip per
     # write (4–5 in a row). Refused writes of earlier reconciles are in the status, so a retry that is
     # refused alike writes no status.
-    status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+    # Children of the plan whose live namesake (labelled for this service) is not owned by it: never written.
+    uid = service["metadata"].get("uid", "")
+    not_owned: dict[tuple[str, str], findings.Finding] = {}
+    for desired in plan.children:
+        kind, child_name = desired["kind"], desired["metadata"]["name"]
+        index = CHILD_INDEXES.get(kind)
+        live = _find(cache.values(index, (namespace, name)), child_name) if index else None
+        if live is not None and not m.is_owned_by(live, uid):
+            pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
+            owner = f"InferenceService {namespace}/{name}"
+            not_owned[(kind, child_name)] = findings.not_owned_finding(kind, child_name, owner, pool)
+    status, events = _with_findings(ctx, service, plan, refused, builds_by_key, list(not_owned.values()))
     is_changed = not _same(status, service.get("status") or {})
     # The Events go out beside the writes: they are a person's record, never an input of a write, and
     # posting them after the writes held the reconcile's slot one more round trip per Event (at 200
@@ -193,18 +205,23 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         for desired in plan.children:
             kind, child_name = desired["kind"], desired["metadata"]["name"]
             desired_names.setdefault(kind, set()).add(child_name)
+            if (kind, child_name) in not_owned:
+                continue
             index = CHILD_INDEXES.get(kind)
             live = _find(cache.values(index, (namespace, name)), child_name) if index else None
             pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
             writes.append(apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool))
         num_changes += await _all(writes)
 
-        # Children no longer planned are deleted once the planned ones are applied.
+        # Children no longer planned are deleted once the planned ones are applied; only those this service
+        # owns (by UID): an object that merely carries its labels is someone else's.
         stale = [
             (kind, child["metadata"])
             for kind, index in CHILD_INDEXES.items()
             for child in cache.values(index, (namespace, name))
-            if child["metadata"]["name"] not in desired_names[kind] and not child["metadata"].get("deletionTimestamp")
+            if child["metadata"]["name"] not in desired_names[kind]
+            and not child["metadata"].get("deletionTimestamp")
+            and m.is_owned_by(child, uid)
         ]
         num_changes += await _all([delete_child(kind, meta) for kind, meta in stale])
 
@@ -214,7 +231,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             else:
                 cache.refused.pop(owner, None)
             written = cache.fresher(SERVICE_KIND, indexed, namespace, name) or service
-            status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+            status, events = _with_findings(ctx, service, plan, refused, builds_by_key, list(not_owned.values()))
             if not _same(status, written.get("status") or {}):
                 cache.remember(await ctx.kube.apply_status(service, status))
                 num_changes += 1
@@ -249,6 +266,7 @@ def _with_findings(
     plan: planner.ServicePlan,
     refused: Mapping[tuple[str, str, str], str],
     builds_by_key: Mapping[str, dict],
+    extra: list[findings.Finding] = (),
 ) -> tuple[dict, list]:
     """The plan's status and Events with the failures a user must act on: refused writes, missing
     claims, what the service's pods report (unschedulable, model fetch failing) and what its
@@ -257,6 +275,7 @@ def _with_findings(
     found = [
         findings.apply_finding(kind, child, message, pool) for (kind, child, pool), message in sorted(refused.items())
     ]
+    found += list(extra)
     found += findings.build_findings(plan.status.get("pools") or [], builds_by_key)
     claims = ctx.cache.claims(namespace)
     if claims is not None:
@@ -356,6 +375,8 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
 
     services = [s for s in cache.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
     gc = builds.plan_gc(build, services, now, ctx.plan_settings)
+    if gc.delete and not m.is_managed(build):
+        return None  # an EngineBuild made by hand (without the operator's label) is its maker's to delete
     if gc.delete:
         if await ctx.kube.delete(API_VERSION, BUILD_KIND, namespace, name, uid=build["metadata"].get("uid")):
             logger.info(

@@ -160,7 +160,8 @@ def plan_build(
 ) -> BuildPlan:
     """Plan one EngineBuild.
 
-    build: the EngineBuild as read. jobs: the Jobs labelled inferfleet.dev/engine-build=<name> (any order).
+    build: the EngineBuild as read. jobs: the Jobs labelled inferfleet.dev/engine-build=<name> (any order); only
+    those whose ownerReferences name the build's UID count.
     pods: optional, the pods of those Jobs (termination messages and progress annotations are read from
     them when given). At most spec.maxAttempts Jobs are ever created; attempt n+1 starts no earlier than
     backoffSeconds * 2**(n-1) (capped at settings.max_backoff_seconds) after attempt n failed. Attempts are
@@ -191,7 +192,10 @@ def plan_build(
         status = {"state": "Failed", "attempts": 0, "failureReason": text, "message": text}
         return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_KEY_MISMATCH)
 
-    jobs = sorted((j for j in jobs if _attempt(j) > 0), key=_attempt)
+    # Counted by owner UID: a Job that merely carries the build's labels (made by hand, or left by an earlier
+    # EngineBuild of the same name) is neither an attempt nor ever written.
+    foreign = {(j.get("metadata") or {}).get("name") for j in jobs if not m.is_owned_by(j, uid)}
+    jobs = sorted((j for j in jobs if _attempt(j) > 0 and m.is_owned_by(j, uid)), key=_attempt)
     attempts = _attempt(jobs[-1]) if jobs else 0
     status = {
         "attempts": attempts,
@@ -211,6 +215,13 @@ def plan_build(
         if missing:  # the Job would only wait (and burn its deadline): create it once the claim exists
             status.update(state="Pending", progress="waiting for a claim", message=missing[0].text)
             return _finish(status, previous, prev_conditions, now, generation, None, None, missing[0].reason)
+        if job["metadata"]["name"] in foreign:
+            text = (
+                f"Job {namespace}/{job['metadata']['name']} exists and is not owned by this EngineBuild: it is left "
+                "alone; delete it to let the build run"
+            )
+            status.update(state="Pending", progress="job name taken", message=text)
+            return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_NOT_OWNED)
         status.update(attempts=attempt, state="Pending", currentJob=job["metadata"]["name"], progress="job created",
                       message=message)  # fmt: skip
         if apply_error:

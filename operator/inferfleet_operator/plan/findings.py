@@ -12,6 +12,8 @@ from inferfleet_operator.api import conditions as c
 # blocks everything first, then what blocks one pod.
 ORDER = (
     c.REASON_APPLY_FAILED,
+    c.REASON_NOT_OWNED,
+    c.REASON_KEY_MISMATCH,
     c.REASON_CLAIM_NOT_FOUND,
     c.REASON_DEADLINE_EXCEEDED,
     c.REASON_INSUFFICIENT_RESOURCE,
@@ -252,6 +254,13 @@ def build_findings(pools: Iterable[Mapping], builds: Mapping[str, Mapping]) -> l
 def apply_finding(kind: str, name: str, message: str, pool: str = "") -> Finding:
     """A write the API server refused (e.g. 422 Invalid): its own message says what to fix."""
     return Finding(c.REASON_APPLY_FAILED, f"{kind} {name}", f"refused by the API server: {_cut(message, 600)}", pool)
+
+
+def not_owned_finding(kind: str, name: str, owner: str, pool: str = "") -> Finding:
+    """An object the operator would write exists, carries its labels, and is not owned by `owner`: it is never
+    overwritten nor deleted."""
+    message = f"exists and is not owned by {owner}: left alone; delete or rename it to let the operator create its own"
+    return Finding(c.REASON_NOT_OWNED, f"{kind} {name}", message, pool)
 
 
 def _rank(finding: Finding) -> tuple:

@@ -464,6 +464,19 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
     }
 
 
+def is_owned_by(obj: dict, uid: str) -> bool:
+    """True when obj names `uid` among its ownerReferences. Labels say what an object is about, anyone can set
+    them; an owner reference with the owner's UID is what the operator itself wrote (or the object's creator
+    meant), so only such objects are counted, overwritten or deleted."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(ref.get("uid") == uid for ref in refs)
+
+
+def is_managed(obj: dict) -> bool:
+    """True when obj carries the operator's managed-by label (EngineBuilds are shared, so they have no owner)."""
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER
+
+
 def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict:
     return {
         "apiVersion": api_version,
