@@ -213,6 +213,35 @@ def test_a_job_name_taken_by_a_job_not_owned_is_left_alone_and_said():
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "NotOwned")]
 
 
+def test_compile_jobs_outlive_a_lost_node_fail_at_once_on_bad_input_and_are_deleted_a_day_after():
+    spec = plan_build(build(), [], NOW).job["spec"]
+    rules = spec["podFailurePolicy"]["rules"]
+    # First rule: a disrupted pod (node lost, drained, preempted) is not a failure of the attempt.
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    fail_on = {r["onExitCodes"]["containerName"]: r["onExitCodes"]["values"] for r in rules if r["action"] == "FailJob"}
+    assert fail_on == {"compile": [2], "fetch-model": [2]}  # hf:// is fetched by an init container
+    assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] == 86400
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"  # what a pod failure policy requires
+
+
+def test_an_attempt_failed_by_the_pod_failure_policy_fails_the_build_without_retrying():
+    failed = job(1, "failed")
+    failed["status"]["conditions"][0]["reason"] = "PodFailurePolicy"
+    message = "inferfleet-runtime compile: error: unsupported architecture MambaForCausalLM"
+    p = plan_build(build(), [failed], NOW + timedelta(hours=1), pods=[pod(f"{KEY}-1", 2, message)])
+    assert p.job is None and p.requeue_after is None
+    assert p.status["state"] == "Failed" and p.status["attempts"] == 1 < p.status["maxAttempts"]
+    assert "MambaForCausalLM" in p.status["message"]
+
+
+@pytest.mark.parametrize("outcome, state", [("succeeded", "Ready"), ("failed", "Failed")])
+def test_a_finished_build_keeps_its_outcome_once_its_jobs_are_deleted_by_their_ttl(outcome, state):
+    finished = plan_build(build(maxAttempts=1), [job(1, outcome)], NOW)
+    assert finished.status["state"] == state
+    later = plan_build(build(finished.status, maxAttempts=1), [], NOW + timedelta(days=1))
+    assert later.job is None and later.status == finished.status and later.events == []
+
+
 def test_plan_build_is_deterministic_and_quiet_on_resync():
     first = plan_build(build(), [job(1, "running")], NOW)
     again = plan_build(build(status=first.status), [job(1, "running")], NOW + timedelta(minutes=3))

@@ -138,6 +138,12 @@ def _progress(job: dict, pods: list[dict]) -> str:
     return "waiting for a pod" if not pods or "Pending" in phases else "finishing"
 
 
+def _is_unsupported(job: dict) -> bool:
+    """The Job was failed by its pod failure policy's FailJob rule: a container exited 2 (bad input)."""
+    cond = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
+    return (cond or {}).get("reason") == "PodFailurePolicy"
+
+
 def _failed_at(job: dict) -> datetime | None:
     cond = _job_condition(job, "Failed")
     status = job.get("status") or {}
@@ -248,6 +254,13 @@ def plan_build(
         status.update(content_status(result, spec.engine_key, settings))
         return _finish(status, previous, prev_conditions, now, generation, None, None)
 
+    if not jobs and previous.get("state") in ("Ready", "Failed") and int(previous.get("attempts") or 0) > 0:
+        # The finished Jobs were deleted (ttlSecondsAfterFinished, or by hand): the outcome stands.
+        kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
+        reason = (prev_conditions.get(c.BUILT) or {}).get("reason", "")
+        return _finish(
+            kept, previous, prev_conditions, now, generation, None, None, reason if reason in f.ORDER else ""
+        )
     if not jobs:
         return create(1, "attempt 1 starting")
 
@@ -277,6 +290,9 @@ def plan_build(
         return _finish(status, previous, prev_conditions, now, generation, None, None, deadline[0].reason)
     reason = _failure_reason(latest, job_pods)
     status["failureReason"] = reason
+    if _is_unsupported(latest):  # exit code 2 (pod failure policy): the same input fails the same way again
+        status.update(state="Failed", progress="failed", message=f"attempt {attempts} refused its input: {reason}")
+        return _finish(status, previous, prev_conditions, now, generation, None, None)
     if attempts >= spec.max_attempts:
         status.update(state="Failed", progress="failed", message=f"all {attempts} attempt(s) failed; last: {reason}")
         return _finish(status, previous, prev_conditions, now, generation, None, None)

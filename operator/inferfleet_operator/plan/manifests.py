@@ -391,8 +391,26 @@ def compile_backend(vendor: str) -> str:
     return "tensorrt" if vendor == "nvidia" else "aotinductor"
 
 
+# A finished compile Job (and its pods' logs) is kept a day, then deleted by the TTL controller; the EngineBuild's
+# status keeps the outcome (builds.plan_build).
+COMPILE_JOB_TTL_SECONDS = 86400
+UNSUPPORTED_EXIT_CODE = 2  # `compile` and `fetch`: bad input (an unsupported model, a bad URI); retrying cannot help
+
+
+def compile_pod_failure_policy(has_fetch: bool) -> dict:
+    """A pod disrupted (node drained or lost, preempted: condition DisruptionTarget) does not count against the
+    Job's backoffLimit, so the Job runs a new pod and the attempt goes on; exit code 2 from `compile` (or from the
+    model fetch) fails the Job at once (reason PodFailurePolicy), and the build with it."""
+    rules = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    for container in ["compile"] + (["fetch-model"] if has_fetch else []):
+        exit_codes = {"containerName": container, "operator": "In", "values": [UNSUPPORTED_EXIT_CODE]}
+        rules.append({"action": "FailJob", "onExitCodes": exit_codes})
+    return {"rules": rules}
+
+
 def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: int, settings: PlanSettings) -> dict:
-    """The Job of one attempt of a build. backoffLimit 0: retries are EngineBuild attempts, each its own Job."""
+    """The Job of one attempt of a build. backoffLimit 0: retries are EngineBuild attempts, each its own Job
+    (a pod lost with its node is not an attempt: compile_pod_failure_policy)."""
     job_name = bounded_name(name, str(attempt))
     labels = common_labels() | {BUILD_LABEL: name, ENGINE_KEY_LABEL: spec.engine_key, COMPONENT_LABEL: "compiler"}
     annotations = {ATTEMPT_ANNOTATION: str(attempt)}
@@ -458,6 +476,8 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         "metadata": {"name": job_name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": {
             "backoffLimit": 0,
+            "podFailurePolicy": compile_pod_failure_policy(bool(fetches)),
+            "ttlSecondsAfterFinished": COMPILE_JOB_TTL_SECONDS,
             "activeDeadlineSeconds": spec.deadline_seconds,
             "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
         },
