@@ -742,3 +742,34 @@ def test_the_work_queue_resyncs_every_object_while_it_exists_and_stops_once_it_i
     del world.api.objects[("InferenceService", "team-a", "llama")]
     world.sync()
     assert asyncio.run(handlers._work(world.ctx, service_key)) is None, "a deleted object is not requeued"
+
+
+def test_a_missing_api_key_secret_degrades_the_service_with_one_warning_and_no_secret_read():
+    service = _service()
+    service["spec"]["auth"] = {"apiKeySecret": {"name": "llama-keys"}}
+    world = World([service])
+    world.reconcile()
+    world.sync()
+    pod = {
+        "metadata": {
+            "name": "llama-cpu-amd64-abc",
+            "namespace": "team-a",
+            "labels": {names.SERVICE_LABEL: "llama", names.POOL_LABEL: "cpu-amd64"},
+        },
+        "status": {"phase": "Pending", "containerStatuses": [{"name": "server", "state": {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "llama-keys" not found'}}}]},
+    }  # fmt: skip
+    world.indices[cache.SERVICE_PODS] = {("team-a", "llama"): [pod]}
+    world.reconcile()
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "SecretNotFound")
+    assert "Secret llama-keys not found in namespace team-a (named by spec.auth.apiKeySecret)" in degraded["message"]
+    assert [e["reason"] for e in world.api.events if e["type"] == "Warning"] == ["SecretNotFound"]
+    assert {kind.split("/")[0] for _, kind in world.api.requests} <= {
+        "InferenceService",
+        "EngineBuild",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "Event",
+    }

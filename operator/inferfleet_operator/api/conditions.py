@@ -37,6 +37,7 @@ REASON_APPLY_FAILED = "ApplyFailed"  # the API server refused a write (e.g. 422 
 REASON_CLAIM_NOT_FOUND = "ClaimNotFound"  # a mounted PersistentVolumeClaim does not exist
 REASON_INSUFFICIENT_RESOURCE = "InsufficientResource"  # pods unschedulable: Insufficient <resource>
 REASON_UNSCHEDULABLE = "Unschedulable"  # pods unschedulable for another reason
+REASON_SECRET_NOT_FOUND = "SecretNotFound"  # a Secret (or its key) the pods take by reference does not exist
 REASON_FETCH_FAILED = "FetchFailed"  # the model fetch init container exited non-zero
 REASON_SERVER_FAILED = "ServerFailed"  # the serving container exited non-zero (e.g. an unsupported model)
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # a compile Job ran past activeDeadlineSeconds

@@ -285,7 +285,8 @@ def _with_findings(
             plan.status.get("pools") or [], claims, ctx.plan_settings.engine_cache_claim, namespace
         )
     if SERVICE_PODS in ctx.cache.indices:
-        found += findings.pods_findings(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
+        fields = findings.secret_fields(service.get("spec") or {})
+        found += findings.pods_findings(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL, fields)
     if not found:
         return plan.status, plan.events
     previous = service.get("status") or {}
