@@ -3,6 +3,7 @@ resync writes nothing, drift repair, stale children, Events."""
 
 import asyncio
 import copy
+import dataclasses
 import datetime
 import json
 import re
@@ -21,6 +22,7 @@ PLURAL_KINDS = {
     "deployments": "Deployment",
     "services": "Service",
     "poddisruptionbudgets": "PodDisruptionBudget",
+    "networkpolicies": "NetworkPolicy",
     "jobs": "Job",
     "enginebuilds": "EngineBuild",
     "inferenceservices": "InferenceService",
@@ -220,6 +222,7 @@ class World:
                 cache.DEPLOYMENTS,
                 cache.SERVICE_OBJECTS,
                 cache.PDBS,
+                cache.NETWORK_POLICIES,
                 cache.JOBS,
                 cache.PODS,
             )
@@ -773,3 +776,25 @@ def test_a_missing_api_key_secret_degrades_the_service_with_one_warning_and_no_s
         "PodDisruptionBudget",
         "Event",
     }
+
+
+def test_a_network_policy_follows_the_spec_and_goes_when_the_field_is_removed():
+    service = _service()
+    service["spec"]["networkPolicy"] = {"allow": [{"namespace": "gateway"}]}
+    world = World([service])
+    world.ctx.config = dataclasses.replace(
+        world.ctx.config, scraper_namespace="inferfleet-system", scraper_labels=(("app.kubernetes.io/name", "x"),)
+    )
+    world.reconcile()
+    policy = world.get("NetworkPolicy", "llama")
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers] == [
+        "gateway",
+        "inferfleet-system",
+    ]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
+    world.sync()
+    del world.get("InferenceService", "llama")["spec"]["networkPolicy"]
+    world.sync()
+    assert ("DELETE", "NetworkPolicy") in world.reconcile()
+    assert world.get("NetworkPolicy", "llama") is None

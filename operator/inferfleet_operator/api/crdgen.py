@@ -85,6 +85,33 @@ def envelope_schema(description: str, rules=None) -> dict:
     )
 
 
+def network_policy_schema() -> dict:
+    labels = string_map("Labels the pods must carry; empty: every pod of the namespace.", 16)
+    labels["x-kubernetes-validations"] = [
+        rule(
+            f"self.all(k, k.matches('{LABEL_KEY_PATTERN}') && self[k].matches('{LABEL_VALUE_PATTERN}'))",
+            "podLabels must be label keys and values, as a pod's",
+        )
+    ]
+    peer = obj(
+        "Pods allowed to call the service.",
+        {
+            "namespace": string(
+                "Their namespace; empty: the service's own.",
+                pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+                max_length=63,
+            ),
+            "podLabels": labels,
+        },
+    )
+    return obj(
+        "Set: a NetworkPolicy admits traffic to the serving pods' port only from the pods listed in allow and from "
+        "the operator's own pods (its autoscaler reads /metrics); every other pod of the cluster is refused. Needs a "
+        "network plugin that enforces NetworkPolicies. Unset: no NetworkPolicy, the pods take any traffic.",
+        {"allow": array("Who may call: namespaces, optionally narrowed to pods with given labels.", peer, 32)},
+    )
+
+
 def tolerations_schema(max_items: int = 32) -> dict:
     item = obj(
         "A toleration copied to the pods (same meaning as a pod's).",
@@ -405,6 +432,7 @@ def inference_service() -> dict:
                 },
                 default={},
             ),
+            "networkPolicy": network_policy_schema(),
         },
         required=("model",),
         rules=[

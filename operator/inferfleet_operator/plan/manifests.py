@@ -18,6 +18,7 @@ from inferfleet_operator.api.names import (
     MANAGED_BY_LABEL,
     MANAGER,
     NAME_LABEL,
+    NAMESPACE_NAME_LABEL,
     POOL_LABEL,
     REF_LABEL_PREFIX,
     RUNTIME_ANNOTATION,
@@ -346,6 +347,38 @@ def service_for(service: InferenceService, settings: PlanSettings) -> dict:
             "type": "ClusterIP",
             "selector": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"},
             "ports": [{"name": "http", "port": settings.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def network_policy_for(service: InferenceService, settings: PlanSettings) -> dict:
+    """Ingress to the serving pods' port only from spec.networkPolicy.allow and the operator's own pods (the
+    autoscaler reads /metrics there); other ports and every other peer are refused. Egress is not restricted.
+    The kubelet's probes come from the node and are not subject to it on the common network plugins."""
+    namespace = service.meta.namespace
+    peers = [
+        {
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: peer.namespace or namespace}},
+            "podSelector": {"matchLabels": dict(sorted(peer.pod_labels.items()))} if peer.pod_labels else {},
+        }
+        for peer in service.spec.network_policy.allow
+    ]
+    if settings.scraper_namespace:
+        peers.append(
+            {
+                "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: settings.scraper_namespace}},
+                "podSelector": {"matchLabels": dict(sorted(settings.scraper_labels))},
+            }
+        )
+    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": settings.port}]}] if peers else []
+    return {
+        "apiVersion": KINDS["NetworkPolicy"].api_version,
+        "kind": "NetworkPolicy",
+        "metadata": {"name": service.meta.name, "namespace": namespace, "labels": common_labels(service.meta.name)},
+        "spec": {
+            "podSelector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     }
 

@@ -334,6 +334,8 @@ def plan_service_in(
             children.append(m.deployment_for_pool(service, serving, settings))
         entries.append(entry)
     children += [m.service_for(service, settings), m.pdb_for(service)]
+    if spec.network_policy is not None:
+        children.append(m.network_policy_for(service, settings))
     for child in children:
         child["metadata"]["ownerReferences"] = [owner]
 
