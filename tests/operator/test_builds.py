@@ -12,7 +12,13 @@ from planning_data import NOW
 
 from inferfleet_operator.api.names import UNREFERENCED_ANNOTATION
 from inferfleet_operator.api.types import EngineBuildSpec, PlanSettings, from_dict
-from inferfleet_operator.plan.builds import backoff_seconds, plan_build, plan_gc
+from inferfleet_operator.plan.builds import (
+    backoff_seconds,
+    plan_build,
+    plan_gc,
+    rebuild_request,
+    rebuilds_for_lost_engines,
+)
 from inferfleet_operator.plan.engine_key import spec_key
 
 BASE = {
@@ -240,6 +246,49 @@ def test_a_finished_build_keeps_its_outcome_once_its_jobs_are_deleted_by_their_t
     assert finished.status["state"] == state
     later = plan_build(build(finished.status, maxAttempts=1), [], NOW + timedelta(days=1))
     assert later.job is None and later.status == finished.status and later.events == []
+
+
+def _lost(status: dict, job_name: str, **spec) -> dict:
+    out = build(status, **spec)
+    out["metadata"]["annotations"] = {"inferfleet.dev/engine-lost": job_name}
+    return out
+
+
+@pytest.mark.parametrize("jobs_left", [True, False])  # the finished Job still there, or deleted by its TTL
+def test_a_ready_build_whose_engine_was_lost_runs_the_next_attempt(jobs_left):
+    ready = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, "{}")]).status
+    jobs = [job(1, "succeeded")] if jobs_left else []
+    p = plan_build(_lost(ready, f"{KEY}-1"), jobs, NOW)
+    assert p.job["metadata"]["name"] == f"{KEY}-2" and p.status["state"] == "Pending"
+    assert p.status["message"] == "the engine of attempt 1 was lost; attempt 2 rebuilds it"
+    rebuilt = plan_build(_lost(p.status, f"{KEY}-1"), jobs + [job(2, "succeeded", at=60)], NOW)
+    assert rebuilt.status["state"] == "Ready" and rebuilt.status["currentJob"] == f"{KEY}-2"
+    # ... and stays Ready once both Jobs are gone.
+    assert plan_build(_lost(rebuilt.status, f"{KEY}-1"), [], NOW).status["state"] == "Ready"
+
+
+def test_an_engine_lost_after_the_last_attempt_fails_the_build():
+    ready = plan_build(build(maxAttempts=1), [job(1, "succeeded")], NOW).status
+    p = plan_build(_lost(ready, f"{KEY}-1", maxAttempts=1), [job(1, "succeeded")], NOW)
+    assert p.job is None and p.status["state"] == "Failed"
+    assert p.status["message"] == "the engine of attempt 1 was lost and all 1 attempt(s) are used"
+
+
+def test_a_rebuild_is_asked_once_per_job_and_only_of_a_ready_build():
+    ready = build(plan_build(build(), [job(1, "succeeded")], NOW).status)
+    assert rebuild_request(ready) == f"{KEY}-1"
+    assert rebuild_request(_lost(ready["status"], f"{KEY}-1")) is None
+    assert rebuild_request(build(plan_build(build(), [job(1, "running")], NOW).status)) is None
+
+
+def test_only_pods_created_after_the_build_finished_testify_that_its_engine_is_lost():
+    ready = build(plan_build(build(), [job(1, "succeeded", at=0)], NOW).status)
+    pools = [{"name": "nvidia-h100", "servingEngine": "Compiled", "servingEngineBuild": KEY}]
+    old, new = ("nvidia-h100", "pod-old", t(-30)), ("nvidia-h100", "pod-new", t(30))
+    assert rebuilds_for_lost_engines(pools, [old], {KEY: ready}) == {}
+    assert rebuilds_for_lost_engines(pools, [old, new], {KEY: ready}) == {KEY: (f"{KEY}-1", "pod-new")}
+    paged = [pools[0] | {"servingEngine": "Paged"}]
+    assert rebuilds_for_lost_engines(paged, [new], {KEY: ready}) == {}
 
 
 def test_plan_build_is_deterministic_and_quiet_on_resync():

@@ -798,3 +798,39 @@ def test_a_network_policy_follows_the_spec_and_goes_when_the_field_is_removed():
     world.sync()
     assert ("DELETE", "NetworkPolicy") in world.reconcile()
     assert world.get("NetworkPolicy", "llama") is None
+
+
+def test_serving_pods_that_find_the_engine_lost_get_it_rebuilt_and_the_pool_bridged_meanwhile():
+    world = World([_service()])
+    world.indices[cache.CLAIMS] = {"team-a": ["inferfleet-engine-cache"]}
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.reconcile_build(name)
+    _finish_job(world, f"{name}-1")
+    world.sync()
+    world.reconcile_build(name)
+    world.sync()
+    world.reconcile()
+    world.sync()
+    nvidia = "llama-nvidia-h100-80gb-hbm3"
+    assert "--engine-dir" in world.get("Deployment", nvidia)["spec"]["template"]["spec"]["containers"][0]["args"]
+    crashed = {
+        "metadata": {"name": f"{nvidia}-abc", "namespace": "team-a", "creationTimestamp": "2026-12-02T12:10:00Z",
+                     "labels": {names.SERVICE_LABEL: "llama", names.POOL_LABEL: "nvidia-h100-80gb-hbm3"}},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "server", "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 3, "message": "inferfleet-runtime serve: error: engine lost"}}}]},
+    }  # fmt: skip
+    world.indices[cache.SERVICE_PODS] = {("team-a", "llama"): [crashed]}
+    world.reconcile()
+    assert world.get("EngineBuild", name)["metadata"]["annotations"][names.REBUILD_ANNOTATION] == f"{name}-1"
+    assert [e["reason"] for e in world.api.events if e["reason"] == "EngineLost"] == ["EngineLost"]
+    world.sync()
+    writes, _ = world.reconcile_build(name)
+    assert ("PATCH", "Job") in writes and world.get("Job", f"{name}-2") is not None
+    world.sync()
+    world.reconcile()  # asks no second rebuild of the same Job, and serves the pool paged while it runs
+    assert [e["reason"] for e in world.api.events if e["reason"] == "EngineLost"] == ["EngineLost"]
+    args = world.get("Deployment", nvidia)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--engine-dir" not in args and "--model" in args

@@ -58,6 +58,7 @@ REASON_JOB_SUCCEEDED = "JobSucceeded"
 REASON_JOB_FAILED = "JobFailed"
 REASON_BACKOFF = "BackoffBeforeRetry"
 REASON_ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+REASON_ENGINE_LOST = "EngineLost"  # serving pods found a Ready build's engine gone or damaged: it is rebuilt
 REASON_KEY_MISMATCH = "KeyMismatch"  # the spec does not hash to spec.engineKey: nothing is built
 
 

@@ -83,4 +83,5 @@ RUNTIME_ANNOTATION = f"{GROUP}/runtime"
 ATTEMPT_ANNOTATION = f"{GROUP}/attempt"  # on Jobs: the 1-based attempt number
 PROGRESS_ANNOTATION = f"{GROUP}/build-progress"  # on a Job or its pod: free-form progress ("40%", "exporting")
 UNREFERENCED_ANNOTATION = f"{GROUP}/unreferenced-since"  # on an EngineBuild: when GC last saw no reference
+REBUILD_ANNOTATION = f"{GROUP}/engine-lost"  # on an EngineBuild: the Job whose engine serving pods found lost
 APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"  # on every applied object: the hash of what was applied

@@ -17,6 +17,7 @@ from inferfleet_operator.api.names import (
     BUILD_KIND,
     KINDS,
     POOL_LABEL,
+    REBUILD_ANNOTATION,
     SERVICE_KIND,
     UNREFERENCED_ANNOTATION,
 )
@@ -121,6 +122,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         await ctx.events.post(service, [warning("InvalidSpec", str(error))], "Plan")
         return None
 
+    await _request_rebuilds(ctx, service, plan.status.get("pools") or [], builds_by_key)
     owner = (SERVICE_KIND, namespace, name)
     planned = {(d["kind"], d["metadata"]["name"]) for d in plan.engine_builds + plan.children}
     # A refusal of an object the plan no longer has (the user changed the spec) is over.
@@ -242,6 +244,24 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     if failures:
         raise failures[0]  # retried by the work queue after its error delay (a backoff)
     return plan.requeue_after
+
+
+async def _request_rebuilds(ctx: Context, service: dict, pools: list[dict], builds_by_key: Mapping[str, dict]) -> None:
+    """Marks the builds whose engine this service's pods found lost (exit code 3): the build reconcile then
+    runs a new attempt, and meanwhile the pool is served as while any build runs (bridge or fallback)."""
+    if SERVICE_PODS not in ctx.cache.indices:
+        return
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    lost = findings.engine_lost_pods(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
+    if not lost:
+        return
+    for key, (job, pod) in sorted(builds.rebuilds_for_lost_engines(pools, lost, dict(builds_by_key)).items()):
+        build = builds_by_key[key]
+        ctx.cache.remember(await ctx.kube.patch_metadata(build, annotations={REBUILD_ANNOTATION: job}))
+        logger.warning("Requested a rebuild of EngineBuild %s/%s: pod %s found the engine of Job %s lost",
+                       namespace, key, pod, job)  # fmt: skip
+        note = f"Pod {pod} found the engine of EngineBuild {key} (Job {job}) lost or damaged; rebuilding it"
+        await ctx.events.post(service, [warning(c.REASON_ENGINE_LOST, note)], "Reconcile")
 
 
 async def _all(writes: list) -> int:

@@ -15,6 +15,7 @@ from inferfleet_operator.api.names import (
     BUILD_KIND,
     JOB_NAME_LABEL,
     PROGRESS_ANNOTATION,
+    REBUILD_ANNOTATION,
     UNREFERENCED_ANNOTATION,
 )
 from inferfleet_operator.api.types import DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
@@ -47,6 +48,45 @@ def _attempt(job: dict) -> int:
     meta = job.get("metadata") or {}
     value = (meta.get("annotations") or {}).get(ATTEMPT_ANNOTATION) or meta.get("name", "").rsplit("-", 1)[-1]
     return int(value) if str(value).isdigit() else 0
+
+
+def _attempt_of(job_name: str) -> int:
+    """The attempt number at the end of a Job name (<build>-<n>); 0 when there is none."""
+    tail = job_name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() and "-" in job_name else 0
+
+
+def rebuild_request(build: dict) -> str | None:
+    """The value of REBUILD_ANNOTATION that asks a Ready build to rebuild the engine its serving pods found lost
+    (its current Job's name), or None when the build is not Ready or that rebuild was asked already."""
+    status = build.get("status") or {}
+    current = status.get("currentJob") or ""
+    if status.get("state") != "Ready" or not _attempt_of(current):
+        return None
+    asked = ((build.get("metadata") or {}).get("annotations") or {}).get(REBUILD_ANNOTATION)
+    return None if asked == current else current
+
+
+def rebuilds_for_lost_engines(
+    pools: list[dict], lost: list[tuple[str, str, str]], builds: dict[str, dict]
+) -> dict[str, tuple[str, str]]:
+    """Build key -> (REBUILD_ANNOTATION value, the pod that found it lost), for each Ready build a pool serves
+    whose serving pods exit with ENGINE_LOST_EXIT_CODE. A pod created before the build's current Job finished
+    says nothing about that Job's engine (it may be a leftover of the lost one), so it does not count."""
+    out = {}
+    for entry in pools:
+        key = entry.get("servingEngineBuild") or ""
+        build = builds.get(key)
+        if not key or build is None or entry.get("servingEngine") != "Compiled":
+            continue
+        value = rebuild_request(build)
+        finished = parse_time((build.get("status") or {}).get("completionTime"))
+        for pool, pod, created in lost:
+            created_at = parse_time(created)
+            if pool == entry.get("name") and value and not (finished and created_at and created_at < finished):
+                out[key] = (value, pod)
+                break
+    return out
 
 
 def _job_condition(job: dict, type_: str) -> dict | None:
@@ -202,7 +242,12 @@ def plan_build(
     # EngineBuild of the same name) is neither an attempt nor ever written.
     foreign = {(j.get("metadata") or {}).get("name") for j in jobs if not m.is_owned_by(j, uid)}
     jobs = sorted((j for j in jobs if _attempt(j) > 0 and m.is_owned_by(j, uid)), key=_attempt)
-    attempts = _attempt(jobs[-1]) if jobs else 0
+    # A serving pod found the engine of attempt `lost` gone or damaged (REBUILD_ANNOTATION): that attempt and
+    # those before it no longer count as the outcome, and the next attempt rebuilds; numbering goes on, and
+    # maxAttempts bounds the attempts of all rounds together (an engine lost after every build ends Failed).
+    lost = _attempt_of(((meta.get("annotations") or {}).get(REBUILD_ANNOTATION)) or "")
+    attempts = max(_attempt(jobs[-1]) if jobs else 0, lost)
+    jobs = [j for j in jobs if _attempt(j) > lost]
     status = {
         "attempts": attempts,
         "maxAttempts": spec.max_attempts,
@@ -254,13 +299,20 @@ def plan_build(
         status.update(content_status(result, spec.engine_key, settings))
         return _finish(status, previous, prev_conditions, now, generation, None, None)
 
-    if not jobs and previous.get("state") in ("Ready", "Failed") and int(previous.get("attempts") or 0) > 0:
+    is_kept = int(previous.get("attempts") or 0) > lost and _attempt_of(previous.get("currentJob") or "") > lost
+    if not jobs and previous.get("state") in ("Ready", "Failed") and is_kept:
         # The finished Jobs were deleted (ttlSecondsAfterFinished, or by hand): the outcome stands.
         kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
         reason = (prev_conditions.get(c.BUILT) or {}).get("reason", "")
         return _finish(
             kept, previous, prev_conditions, now, generation, None, None, reason if reason in f.ORDER else ""
         )
+    if not jobs and lost:
+        if attempts >= spec.max_attempts:
+            text = f"the engine of attempt {lost} was lost and all {spec.max_attempts} attempt(s) are used"
+            status.update(state="Failed", progress="failed", failureReason=text, message=text)
+            return _finish(status, previous, prev_conditions, now, generation, None, None)
+        return create(attempts + 1, f"the engine of attempt {lost} was lost; attempt {attempts + 1} rebuilds it")
     if not jobs:
         return create(1, "attempt 1 starting")
 

@@ -60,7 +60,9 @@ def last_line(text: str | None) -> str:
 def pod_view(pod: Mapping) -> dict:
     """What findings read from a Pod (for an index: no spec, no managed fields)."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    keep_meta = {k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp") if k in meta}
+    keep_meta = {
+        k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp", "creationTimestamp") if k in meta
+    }
 
     def statuses(key: str) -> list[dict]:
         return [
@@ -362,3 +364,22 @@ def secret_fields(spec: Mapping) -> dict[str, str]:
     if api_keys:
         fields[api_keys] = "spec.auth.apiKeySecret"
     return fields
+
+
+# `serve --engine-dir` exits so when the engine is missing or damaged (inferfleet_runtime.compiled.manifest).
+ENGINE_LOST_EXIT_CODE = 3
+
+
+def engine_lost_pods(pods: Iterable[Mapping], pool_label: str) -> list[tuple[str, str, str]]:
+    """(pool, pod name, pod creationTimestamp) of every serving pod whose server container last exited with
+    ENGINE_LOST_EXIT_CODE: its compiled engine directory is gone or damaged."""
+    found = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        for cs in status.get("containerStatuses") or []:
+            if cs.get("name") == SERVER_CONTAINER and int(_last_exit(cs).get("exitCode") or 0) == ENGINE_LOST_EXIT_CODE:
+                pool = (meta.get("labels") or {}).get(pool_label, "")
+                found.append((pool, meta.get("name", ""), meta.get("creationTimestamp") or ""))
+    return sorted(found)

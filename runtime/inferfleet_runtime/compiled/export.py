@@ -25,12 +25,14 @@ from inferfleet_runtime.loader import load_model
 from .backends import get_backend
 from .envelope import Envelope
 from .manifest import (
+    EngineMismatch,
     GraphEntry,
     Manifest,
     device_architecture,
     file_checksums,
     library_versions,
     read_manifest,
+    verify_checksums,
     write_manifest,
 )
 from .step import StaticStep, example_inputs
@@ -91,7 +93,7 @@ def build_engine(
     engine_key = engine_key or default_engine_key(model_dir, envelope, backend_name, architecture)
     if (out_dir / "manifest.json").is_file():
         existing = read_manifest(out_dir)
-        if existing.engine_key == engine_key:
+        if existing.engine_key == engine_key and _is_intact(out_dir, existing):
             progress("done", 100)
             return existing
     started = time.monotonic()
@@ -143,6 +145,15 @@ def build_engine(
         manifest = read_manifest(out_dir)
     progress("done", 100)
     return manifest
+
+
+def _is_intact(out_dir: Path, manifest: Manifest) -> bool:
+    """An engine kept by a rebuild must still match its checksums: a rebuild after a damaged engine replaces it."""
+    try:
+        verify_checksums(out_dir, manifest)
+    except EngineMismatch:
+        return False
+    return True
 
 
 def _build_into(

@@ -257,3 +257,16 @@ def test_content_addressed_build_refuses_a_model_with_a_symlink_out(demo_model_d
     args = ["compile", "--model", str(model), "--out", str(out), *TINY, "--content-addressed"]
     assert main(args) == 2
     assert "outside the model directory" in capsys.readouterr().err and not out.exists()
+
+
+def test_rebuild_over_a_damaged_engine_of_the_same_key_replaces_it(demo_model_dir, tmp_path, stand_in):
+    from inferfleet_runtime.compiled.manifest import read_manifest, verify_checksums
+
+    backend = stand_in()
+    out = tmp_path / "e"
+    args = ["compile", "--model", str(demo_model_dir), "--out", str(out), *TINY, "--engine-key", "k4"]
+    args += ["--decode-buckets", "4", "--prefill-buckets", "16", "--backend", "aotinductor"]
+    assert main(args) == 0 and len(backend.built) == 2
+    (out / "graphs" / "decode-b4.pt2").write_bytes(b"damaged")
+    assert main(args) == 0 and len(backend.built) == 4  # built again, not kept
+    verify_checksums(out, read_manifest(out))

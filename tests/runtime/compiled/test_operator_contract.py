@@ -71,3 +71,10 @@ def test_nvidia_compile_job_asks_for_tensorrt_and_parses(demo_model_dir):
     parsed = parser.parse_args(args[1:])
     assert (parsed.backend, parsed.target_architecture, parsed.dtype) == ("tensorrt", "sm90", "bfloat16")
     assert (parsed.max_context_length, parsed.max_batch_size, parsed.tensor_parallel_size) == (4096, 16, 1)
+
+
+def test_the_exit_code_of_a_lost_engine_is_the_one_the_operator_rebuilds_on():
+    from inferfleet_operator.plan.findings import ENGINE_LOST_EXIT_CODE as OPERATOR_CODE
+    from inferfleet_runtime.compiled.manifest import ENGINE_LOST_EXIT_CODE
+
+    assert OPERATOR_CODE == ENGINE_LOST_EXIT_CODE == 3
