@@ -291,6 +291,24 @@ def test_only_pods_created_after_the_build_finished_testify_that_its_engine_is_l
     assert rebuilds_for_lost_engines(paged, [new], {KEY: ready}) == {}
 
 
+def _prune_job(outcome: str) -> dict:
+    from inferfleet_operator.plan.manifests import prune_job_for
+
+    pruner = prune_job_for("team-a", KEY, "00ff00ff00ff00ff", "r:1", PlanSettings())
+    pruner["status"] = job(1, outcome)["status"]
+    return pruner
+
+
+def test_a_new_build_of_a_key_waits_while_the_previous_engine_is_pruned():
+    p = plan_build(build(), [_prune_job("running")], NOW)
+    assert p.job is None and p.status["state"] == "Pending" and p.requeue_after == 30
+    assert (
+        p.status["message"] == f"waiting for Job {KEY}-prune-00ff00ff00ff00ff to remove the previous engine of this key"
+    )
+    done = plan_build(build(p.status), [_prune_job("succeeded")], NOW)
+    assert done.job is not None and done.job["metadata"]["name"] == f"{KEY}-1"  # the prune Job is no attempt
+
+
 def test_plan_build_is_deterministic_and_quiet_on_resync():
     first = plan_build(build(), [job(1, "running")], NOW)
     again = plan_build(build(status=first.status), [job(1, "running")], NOW + timedelta(minutes=3))

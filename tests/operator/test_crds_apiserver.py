@@ -253,7 +253,8 @@ def test_routing_and_autoscaling_status_round_trip_unpruned(kubectl):
 
 
 def test_the_api_server_admits_the_compile_job_and_the_service_network_policy(kubectl):
-    """The pod failure policy, TTL and NetworkPolicy the operator renders are valid for a real API server."""
+    """The pod failure policy and TTL, the prune Job and the NetworkPolicy the operator renders are valid for a
+    real API server."""
     from inferfleet_operator.api.types import PlanSettings, parse_service
     from inferfleet_operator.plan import manifests as m
 
@@ -264,6 +265,9 @@ def test_the_api_server_admits_the_compile_job_and_the_service_network_policy(ku
         result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(job))
         assert result.returncode == 0, (name, result.stderr)
         assert job["spec"]["podFailurePolicy"]["rules"][0]["action"] == "Ignore"
+    pruner = m.prune_job_for("default", "0123456789abcdef", "00ff00ff00ff00ff", "runtime:1", PlanSettings())
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pruner))
+    assert result.returncode == 0, result.stderr
     service = json.loads(_service(networkPolicy={"allow": [{"namespace": "gateway", "podLabels": {"app": "envoy"}}]}))
     settings = PlanSettings(scraper_namespace="inferfleet-system", scraper_labels=(("app.kubernetes.io/name", "x"),))
     policy = m.network_policy_for(parse_service(service), settings)

@@ -239,6 +239,9 @@ class World:
             elif kind == "Job":
                 build = obj["metadata"]["labels"][names.BUILD_LABEL]
                 index[cache.JOBS].setdefault((ns, build), []).append(obj)
+            elif kind == "Pod" and names.BUILD_LABEL in obj["metadata"].get("labels", {}):  # a compile pod
+                build = obj["metadata"]["labels"][names.BUILD_LABEL]
+                index[cache.PODS].setdefault((ns, build), []).append(obj)
             elif kind in cache.CHILD_INDEXES:
                 index[cache.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
         # Claims and serving pods are set by the tests that use them, and kept across syncs.
@@ -834,3 +837,45 @@ def test_serving_pods_that_find_the_engine_lost_get_it_rebuilt_and_the_pool_brid
     assert [e["reason"] for e in world.api.events if e["reason"] == "EngineLost"] == ["EngineLost"]
     args = world.get("Deployment", nvidia)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--engine-dir" not in args and "--model" in args
+
+
+def _gc_ready_build(world, name, at):
+    world.reconcile_build(name)
+    _finish_job(world, f"{name}-1")
+    world.api.objects[("Pod", "team-a", f"{name}-1-x")] = {
+        "metadata": {"name": f"{name}-1-x", "labels": {names.BUILD_LABEL: name, "batch.kubernetes.io/job-name": f"{name}-1"}},
+        "status": {"containerStatuses": [{"name": "compile", "state": {"terminated": {
+            "exitCode": 0, "message": '{"modelDigest": "00ff00ff00ff00ff"}'}}}]},
+    }  # fmt: skip
+    world.sync()
+    world.reconcile_build(name)
+    assert world.get("EngineBuild", name)["status"]["modelDigest"] == "00ff00ff00ff00ff"
+    del world.api.objects[("InferenceService", "team-a", "llama")]
+    world.sync()
+    world.reconcile_build(name)
+    world.sync()
+    return world.reconcile_build(name, at=at)
+
+
+def test_a_garbage_collected_build_has_its_engine_directory_pruned_by_a_job_first():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    writes, _ = _gc_ready_build(world, name, NOW + datetime.timedelta(seconds=61))
+    assert writes[-2:] == [("PATCH", "Job"), ("DELETE", "EngineBuild")]  # the Job before the build goes
+    pruner = world.get("Job", f"{name}-prune-00ff00ff00ff00ff")
+    [container] = pruner["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["prune-engine", "--dir", f"/engines/{name}/00ff00ff00ff00ff"]
+    assert "ownerReferences" not in pruner["metadata"] and pruner["spec"]["ttlSecondsAfterFinished"] == 600
+    assert world.get("EngineBuild", name) is None
+
+
+def test_with_engine_gc_keep_the_engine_directory_stays():
+    world = World([_service()])
+    world.ctx.config = dataclasses.replace(world.ctx.config, engine_gc="keep")
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    writes, _ = _gc_ready_build(world, name, NOW + datetime.timedelta(seconds=61))
+    assert ("DELETE", "EngineBuild") in writes and ("PATCH", "Job") not in writes

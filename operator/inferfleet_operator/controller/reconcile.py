@@ -339,6 +339,23 @@ def _find(objects: Iterable[dict], name: str) -> dict | None:
 # ------------------------------------------------------------------------- EngineBuild
 
 
+async def _prune_engine(ctx: Context, build: dict) -> None:
+    """Before a garbage-collected build goes, a Job removes its engine directory (--engine-gc delete). Only a
+    build that finished (Ready) has one, at <key>/<modelDigest>; a legacy build's <key> is left to an
+    administrator (content-addressed engines of the same key may live inside it)."""
+    status = build.get("status") or {}
+    digest = status.get("modelDigest") or ""
+    if ctx.config.engine_gc != "delete" or status.get("state") != "Ready" or not digest:
+        return
+    meta = build["metadata"]
+    job = m.prune_job_for(meta["namespace"], meta["name"], digest, build["spec"]["image"], ctx.plan_settings)
+    try:
+        await ctx.apply(job, None, force=False)
+    except ApiError as error:
+        if error.status != 409:  # 409: the Job exists already (an earlier GC of this key, within its TTL)
+            raise
+
+
 async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | None:
     """Drives one EngineBuild: a Job per attempt, its status, and deletion once unreferenced."""
     cache = ctx.cache
@@ -399,6 +416,7 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
     if gc.delete and not m.is_managed(build):
         return None  # an EngineBuild made by hand (without the operator's label) is its maker's to delete
     if gc.delete:
+        await _prune_engine(ctx, build)
         if await ctx.kube.delete(API_VERSION, BUILD_KIND, namespace, name, uid=build["metadata"].get("uid")):
             logger.info(
                 "Deleted EngineBuild %s/%s (unreferenced for longer than %ss)",

@@ -29,6 +29,8 @@ class OperatorConfig:
     autoscale_seconds: float = 15.0  # autoscaled services re-read their pods' metrics this often
     scrape_timeout_seconds: float = 2.0  # per pod /metrics request
     scrape_url_template: str = "http://{ip}:{port}/metrics"
+    # "delete": a garbage-collected EngineBuild's engine directory is removed by a prune Job; "keep": left on the claim.
+    engine_gc: str = "delete"
     # Where the operator's pods run and their labels: every service NetworkPolicy admits them (the autoscaler).
     scraper_namespace: str = ""
     scraper_labels: tuple[tuple[str, str], ...] = ()
@@ -155,6 +157,13 @@ def build_parser(default_instance: str = _DEFAULTS["instance"]) -> argparse.Argu
         metavar="URL",
         help="where a serving pod's /metrics is, from {ip} {port} {namespace} {pod} {pool} "
         "(tests point it at a stand-in on loopback)",
+    )
+    _flag(
+        parser,
+        "engine_gc",
+        choices=["delete", "keep"],
+        help="delete: a garbage-collected EngineBuild's engine directory is removed by a prune Job; keep: it "
+        "stays on the engine cache claim",
     )
     _flag(
         parser,

@@ -13,6 +13,7 @@ from inferfleet_operator.api.names import (
     API_VERSION,
     ATTEMPT_ANNOTATION,
     BUILD_KIND,
+    COMPONENT_LABEL,
     JOB_NAME_LABEL,
     PROGRESS_ANNOTATION,
     REBUILD_ANNOTATION,
@@ -150,6 +151,7 @@ def _result(pods: list[dict]) -> dict:
     return {}
 
 
+PRUNE_RECHECK_SECONDS = 30.0  # a build waiting for a prune Job looks again this often (besides the Job's events)
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -238,6 +240,17 @@ def plan_build(
         status = {"state": "Failed", "attempts": 0, "failureReason": text, "message": text}
         return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_KEY_MISMATCH)
 
+    pruning = [
+        j for j in jobs
+        if ((j.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == m.PRUNER_COMPONENT
+        and _outcome(j) == "running"
+    ]  # fmt: skip
+    if pruning and previous.get("state") != "Ready":
+        # An earlier EngineBuild of this key was garbage-collected and its engine is being removed: a Job started
+        # now would write into the directory being removed. Its Job's events bring the build back here.
+        text = f"waiting for Job {pruning[0]['metadata']['name']} to remove the previous engine of this key"
+        status = {"state": "Pending", "attempts": 0, "progress": "waiting for a prune", "message": text}
+        return _finish(status, previous, prev_conditions, now, generation, None, PRUNE_RECHECK_SECONDS)
     # Counted by owner UID: a Job that merely carries the build's labels (made by hand, or left by an earlier
     # EngineBuild of the same name) is neither an attempt nor ever written.
     foreign = {(j.get("metadata") or {}).get("name") for j in jobs if not m.is_owned_by(j, uid)}

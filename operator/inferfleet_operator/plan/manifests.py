@@ -517,6 +517,54 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
     }
 
 
+PRUNER_COMPONENT = "engine-pruner"  # app.kubernetes.io/component of the Jobs that remove engine directories
+PRUNE_JOB_TTL_SECONDS = 600
+
+
+def prune_job_for(namespace: str, key: str, model_digest: str, image: str, settings: PlanSettings) -> dict:
+    """The Job that removes the engine directory of a garbage-collected EngineBuild (`inferfleet-runtime
+    prune-engine`, which removes only a compiled engine). Owned by nothing (its build is being deleted) and deleted
+    by its TTL; labelled with the key, so a new build of the same key waits for it (builds.plan_build)."""
+    labels = common_labels() | {BUILD_LABEL: key, ENGINE_KEY_LABEL: key, COMPONENT_LABEL: PRUNER_COMPONENT}
+    container = {
+        "name": "prune",
+        "image": image,
+        "command": ["inferfleet-runtime"],
+        "args": ["prune-engine", "--dir", engine_dir(settings, key, model_digest)],
+        "env": _env(),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "engines", "mountPath": settings.engine_cache_mount},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [
+            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    return {
+        "apiVersion": KINDS["Job"].api_version,
+        "kind": "Job",
+        "metadata": {"name": bounded_name(key, "prune", model_digest or "legacy"), "namespace": namespace,
+                     "labels": labels},
+        "spec": {
+            "backoffLimit": 2,
+            "activeDeadlineSeconds": 1800,
+            "ttlSecondsAfterFinished": PRUNE_JOB_TTL_SECONDS,
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    }  # fmt: skip
+
+
 def is_owned_by(obj: dict, uid: str) -> bool:
     """True when obj names `uid` among its ownerReferences. Labels say what an object is about, anyone can set
     them; an owner reference with the owner's UID is what the operator itself wrote (or the object's creator

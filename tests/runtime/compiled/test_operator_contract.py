@@ -78,3 +78,18 @@ def test_the_exit_code_of_a_lost_engine_is_the_one_the_operator_rebuilds_on():
     from inferfleet_runtime.compiled.manifest import ENGINE_LOST_EXIT_CODE
 
     assert OPERATOR_CODE == ENGINE_LOST_EXIT_CODE == 3
+
+
+def test_the_prune_job_removes_the_directory_the_compile_job_wrote(tmp_path):
+    from inferfleet_operator.plan.manifests import prune_job_for
+    from inferfleet_runtime import prune_engine
+    from inferfleet_runtime.compiled.manifest import MANIFEST_NAME
+
+    assert prune_engine.MANIFEST_NAME == MANIFEST_NAME
+    job = prune_job_for("team-a", "0123abcd", "00ff00ff00ff00ff", "runtime:1", PlanSettings())
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    engine = tmp_path / "0123abcd" / "00ff00ff00ff00ff"
+    engine.mkdir(parents=True)
+    (engine / MANIFEST_NAME).write_text("{}")
+    args = [a.replace("/engines", str(tmp_path)) for a in container["args"]]
+    assert main(args) == 0 and not engine.exists()
