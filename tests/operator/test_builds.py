@@ -12,13 +12,8 @@ from planning_data import NOW
 
 from inferfleet_operator.api.names import UNREFERENCED_ANNOTATION
 from inferfleet_operator.api.types import EngineBuildSpec, PlanSettings, from_dict
-from inferfleet_operator.plan.builds import (
-    backoff_seconds,
-    plan_build,
-    plan_gc,
-    rebuild_request,
-    rebuilds_for_lost_engines,
-)
+from inferfleet_operator.plan.build_lifecycle import plan_gc, rebuild_request, rebuilds_for_lost_engines
+from inferfleet_operator.plan.builds import backoff_seconds, plan_build
 from inferfleet_operator.plan.engine_key import spec_key
 
 BASE = {
@@ -292,7 +287,7 @@ def test_only_pods_created_after_the_build_finished_testify_that_its_engine_is_l
 
 
 def _prune_job(outcome: str) -> dict:
-    from inferfleet_operator.plan.manifests import prune_job_for
+    from inferfleet_operator.plan.build_jobs import prune_job_for
 
     pruner = prune_job_for("team-a", KEY, "00ff00ff00ff00ff", "r:1", PlanSettings())
     pruner["status"] = job(1, outcome)["status"]

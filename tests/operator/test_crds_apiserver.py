@@ -256,6 +256,7 @@ def test_the_api_server_admits_the_compile_job_and_the_service_network_policy(ku
     """The pod failure policy and TTL, the prune Job and the NetworkPolicy the operator renders are valid for a
     real API server."""
     from inferfleet_operator.api.types import PlanSettings, parse_service
+    from inferfleet_operator.plan import build_jobs
     from inferfleet_operator.plan import manifests as m
 
     for name in ("job-b576f1d816b422cc-1.yaml",):
@@ -265,7 +266,7 @@ def test_the_api_server_admits_the_compile_job_and_the_service_network_policy(ku
         result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(job))
         assert result.returncode == 0, (name, result.stderr)
         assert job["spec"]["podFailurePolicy"]["rules"][0]["action"] == "Ignore"
-    pruner = m.prune_job_for("default", "0123456789abcdef", "00ff00ff00ff00ff", "runtime:1", PlanSettings())
+    pruner = build_jobs.prune_job_for("default", "0123456789abcdef", "00ff00ff00ff00ff", "runtime:1", PlanSettings())
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pruner))
     assert result.returncode == 0, result.stderr
     service = json.loads(_service(networkPolicy={"allow": [{"namespace": "gateway", "podLabels": {"app": "envoy"}}]}))

@@ -37,7 +37,7 @@ from inferfleet_operator.controller.recorder import EventRecorder, object_ref
 from inferfleet_operator.controller.settings import OperatorConfig
 from inferfleet_operator.kube.client import ApiError, Kube
 from inferfleet_operator.kube.diff import is_subset, needs_apply, with_applied_hash
-from inferfleet_operator.plan import builds, findings, planner
+from inferfleet_operator.plan import build_jobs, build_lifecycle, builds, findings, planner
 from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.service_status import pool_events
 
@@ -255,7 +255,7 @@ async def _request_rebuilds(ctx: Context, service: dict, pools: list[dict], buil
     lost = findings.engine_lost_pods(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
     if not lost:
         return
-    for key, (job, pod) in sorted(builds.rebuilds_for_lost_engines(pools, lost, dict(builds_by_key)).items()):
+    for key, (job, pod) in sorted(build_lifecycle.rebuilds_for_lost_engines(pools, lost, dict(builds_by_key)).items()):
         build = builds_by_key[key]
         ctx.cache.remember(await ctx.kube.patch_metadata(build, annotations={REBUILD_ANNOTATION: job}))
         logger.warning("Requested a rebuild of EngineBuild %s/%s: pod %s found the engine of Job %s lost",
@@ -348,7 +348,7 @@ async def _prune_engine(ctx: Context, build: dict) -> None:
     if ctx.config.engine_gc != "delete" or status.get("state") != "Ready" or not digest:
         return
     meta = build["metadata"]
-    job = m.prune_job_for(meta["namespace"], meta["name"], digest, build["spec"]["image"], ctx.plan_settings)
+    job = build_jobs.prune_job_for(meta["namespace"], meta["name"], digest, build["spec"]["image"], ctx.plan_settings)
     try:
         await ctx.apply(job, None, force=False)
     except ApiError as error:
@@ -412,7 +412,7 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
         raise failure  # retried by the work queue after its error delay (a backoff)
 
     services = [s for s in cache.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
-    gc = builds.plan_gc(build, services, now, ctx.plan_settings)
+    gc = build_lifecycle.plan_gc(build, services, now, ctx.plan_settings)
     if gc.delete and not m.is_managed(build):
         return None  # an EngineBuild made by hand (without the operator's label) is its maker's to delete
     if gc.delete:

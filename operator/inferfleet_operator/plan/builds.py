@@ -1,4 +1,4 @@
-"""plan_build: one EngineBuild × its Jobs -> the Job for the current attempt, its status and when to look again; plus GC."""
+"""plan_build: one EngineBuild × its Jobs -> the Job for the current attempt, its status and when to look again."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from inferfleet_operator.api.names import (
     JOB_NAME_LABEL,
     PROGRESS_ANNOTATION,
     REBUILD_ANNOTATION,
-    UNREFERENCED_ANNOTATION,
 )
 from inferfleet_operator.api.types import DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
 from inferfleet_operator.plan import findings as f
 from inferfleet_operator.plan import manifests as m
+from inferfleet_operator.plan.build_jobs import PRUNER_COMPONENT, compile_job_for
+from inferfleet_operator.plan.build_lifecycle import attempt_of
 from inferfleet_operator.plan.engine_key import spec_key
 
 
@@ -49,45 +50,6 @@ def _attempt(job: dict) -> int:
     meta = job.get("metadata") or {}
     value = (meta.get("annotations") or {}).get(ATTEMPT_ANNOTATION) or meta.get("name", "").rsplit("-", 1)[-1]
     return int(value) if str(value).isdigit() else 0
-
-
-def _attempt_of(job_name: str) -> int:
-    """The attempt number at the end of a Job name (<build>-<n>); 0 when there is none."""
-    tail = job_name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() and "-" in job_name else 0
-
-
-def rebuild_request(build: dict) -> str | None:
-    """The value of REBUILD_ANNOTATION that asks a Ready build to rebuild the engine its serving pods found lost
-    (its current Job's name), or None when the build is not Ready or that rebuild was asked already."""
-    status = build.get("status") or {}
-    current = status.get("currentJob") or ""
-    if status.get("state") != "Ready" or not _attempt_of(current):
-        return None
-    asked = ((build.get("metadata") or {}).get("annotations") or {}).get(REBUILD_ANNOTATION)
-    return None if asked == current else current
-
-
-def rebuilds_for_lost_engines(
-    pools: list[dict], lost: list[tuple[str, str, str]], builds: dict[str, dict]
-) -> dict[str, tuple[str, str]]:
-    """Build key -> (REBUILD_ANNOTATION value, the pod that found it lost), for each Ready build a pool serves
-    whose serving pods exit with ENGINE_LOST_EXIT_CODE. A pod created before the build's current Job finished
-    says nothing about that Job's engine (it may be a leftover of the lost one), so it does not count."""
-    out = {}
-    for entry in pools:
-        key = entry.get("servingEngineBuild") or ""
-        build = builds.get(key)
-        if not key or build is None or entry.get("servingEngine") != "Compiled":
-            continue
-        value = rebuild_request(build)
-        finished = parse_time((build.get("status") or {}).get("completionTime"))
-        for pool, pod, created in lost:
-            created_at = parse_time(created)
-            if pool == entry.get("name") and value and not (finished and created_at and created_at < finished):
-                out[key] = (value, pod)
-                break
-    return out
 
 
 def _job_condition(job: dict, type_: str) -> dict | None:
@@ -242,7 +204,7 @@ def plan_build(
 
     pruning = [
         j for j in jobs
-        if ((j.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == m.PRUNER_COMPONENT
+        if ((j.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == PRUNER_COMPONENT
         and _outcome(j) == "running"
     ]  # fmt: skip
     if pruning and previous.get("state") != "Ready":
@@ -258,7 +220,7 @@ def plan_build(
     # A serving pod found the engine of attempt `lost` gone or damaged (REBUILD_ANNOTATION): that attempt and
     # those before it no longer count as the outcome, and the next attempt rebuilds; numbering goes on, and
     # maxAttempts bounds the attempts of all rounds together (an engine lost after every build ends Failed).
-    lost = _attempt_of(((meta.get("annotations") or {}).get(REBUILD_ANNOTATION)) or "")
+    lost = attempt_of(((meta.get("annotations") or {}).get(REBUILD_ANNOTATION)) or "")
     attempts = max(_attempt(jobs[-1]) if jobs else 0, lost)
     jobs = [j for j in jobs if _attempt(j) > lost]
     status = {
@@ -269,7 +231,7 @@ def plan_build(
     owner = m.owner_reference(API_VERSION, BUILD_KIND, name, uid)
 
     def new_job(attempt: int) -> dict:
-        job = m.compile_job_for(name, namespace, spec, attempt, settings)
+        job = compile_job_for(name, namespace, spec, attempt, settings)
         job["metadata"]["ownerReferences"] = [owner]
         return job
 
@@ -312,7 +274,7 @@ def plan_build(
         status.update(content_status(result, spec.engine_key, settings))
         return _finish(status, previous, prev_conditions, now, generation, None, None)
 
-    is_kept = int(previous.get("attempts") or 0) > lost and _attempt_of(previous.get("currentJob") or "") > lost
+    is_kept = int(previous.get("attempts") or 0) > lost and attempt_of(previous.get("currentJob") or "") > lost
     if not jobs and previous.get("state") in ("Ready", "Failed") and is_kept:
         # The finished Jobs were deleted (ttlSecondsAfterFinished, or by hand): the outcome stands.
         kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
@@ -413,45 +375,3 @@ def _finish(status, previous, prev_conditions, now, generation, job, requeue_aft
                 )
             )
     return BuildPlan(job=job, status=status, requeue_after=requeue_after, events=events)
-
-
-# ------------------------------------------------------------------ garbage collection
-
-
-@dataclass(frozen=True)
-class GcDecision:
-    """delete: the build is unreferenced for longer than the retention; requeue_after: when to look again;
-    unreferenced_since: RFC 3339 time to record (annotation inferfleet.dev/unreferenced-since), or None when
-    the build is referenced (remove the annotation if present)."""
-
-    delete: bool
-    requeue_after: float | None
-    unreferenced_since: str | None
-
-
-def referencing_services(build: dict, services: list[dict]) -> list[str]:
-    """Names of the services (of the build's namespace) whose status lists the build as built-for or serving."""
-    meta = build.get("metadata") or {}
-    name, namespace = meta.get("name"), meta.get("namespace")
-    found = []
-    for svc in services:
-        svc_meta = svc.get("metadata") or {}
-        if svc_meta.get("namespace") != namespace:
-            continue
-        pools = (svc.get("status") or {}).get("pools") or []
-        if any(name in (p.get("engineBuild"), p.get("servingEngineBuild")) for p in pools):
-            found.append(svc_meta.get("name", ""))
-    return sorted(found)
-
-
-def plan_gc(build: dict, services: list[dict], now: datetime, settings: PlanSettings = DEFAULT_SETTINGS) -> GcDecision:
-    """Decide whether an EngineBuild is garbage: referenced means some InferenceService of its namespace lists
-    it in status.pools[].engineBuild or status.pools[].servingEngineBuild."""
-    if referencing_services(build, services):
-        return GcDecision(False, None, None)
-    annotations = (build.get("metadata") or {}).get("annotations") or {}
-    since = parse_time(annotations.get(UNREFERENCED_ANNOTATION)) or now
-    expires = since + timedelta(seconds=settings.build_retention_seconds)
-    if now >= expires:
-        return GcDecision(True, None, format_time(since))
-    return GcDecision(False, (expires - now).total_seconds(), format_time(since))

@@ -37,7 +37,7 @@ class ServicePlan:
 
     engine_builds: desired EngineBuild objects (full manifests: apiVersion, kind, metadata, spec), one per
         engine key some pool of this service needs now (the one being built and, during an envelope change,
-        the one still serving). Apply them; never delete builds from here (GC is by reference, builds.plan_gc).
+        the one still serving). Apply them; never delete builds from here (GC is by reference, build_lifecycle.plan_gc).
     children: desired Deployments (one per serving pool), the Service and the PodDisruptionBudget, with
         ownerReferences to the InferenceService. Children labelled inferfleet.dev/service=<name> that are
         not in this list are stale and should be deleted.

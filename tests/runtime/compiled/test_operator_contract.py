@@ -6,7 +6,7 @@ import argparse
 import json
 
 from inferfleet_operator.api.types import EngineBuildSpec, EngineEnvelope, PlanSettings
-from inferfleet_operator.plan.manifests import compile_job_for
+from inferfleet_operator.plan.build_jobs import compile_job_for
 from inferfleet_runtime.cli import main
 
 from .test_compile_cli import _stand_in_backend
@@ -81,7 +81,7 @@ def test_the_exit_code_of_a_lost_engine_is_the_one_the_operator_rebuilds_on():
 
 
 def test_the_prune_job_removes_the_directory_the_compile_job_wrote(tmp_path):
-    from inferfleet_operator.plan.manifests import prune_job_for
+    from inferfleet_operator.plan.build_jobs import prune_job_for
     from inferfleet_runtime import prune_engine
     from inferfleet_runtime.compiled.manifest import MANIFEST_NAME
 
