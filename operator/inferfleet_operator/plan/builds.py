@@ -175,7 +175,9 @@ def plan_build(
     pods: optional, the pods of those Jobs (termination messages and progress annotations are read from
     them when given). At most spec.maxAttempts Jobs are ever created; attempt n+1 starts no earlier than
     backoffSeconds * 2**(n-1) (capped at settings.max_backoff_seconds) after attempt n failed. Attempts are
-    counted from the Jobs that exist (level-triggered: a Job deleted by hand is simply re-run).
+    counted from the Jobs that exist (level-triggered: the Job of a running attempt deleted by hand is simply
+    re-run); once the build is Ready or Failed, its outcome stands when its Jobs are deleted (their TTL), so a
+    Failed build is tried again by deleting the EngineBuild.
     claims: when given, the PersistentVolumeClaims of the build's namespace: a Job that mounts a missing
     one is not created (ClaimNotFound) until the claim exists, so its deadline does not run meanwhile.
     apply_error: the API server's message for the last refused create of the Job to create (ApplyFailed).
