@@ -358,8 +358,14 @@ def container_args(deployment: dict) -> list[str]:
     return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def is_engine_dir(arg: str, key: str) -> bool:
+    """`--engine-dir`'s value for the engine of `key`: /engines/<key>/<model digest> (or /engines/<key> for a build
+    whose status records no digest, as where no compile container reports one)."""
+    return arg == f"/engines/{key}" or arg.startswith(f"/engines/{key}/")
+
+
 def serves_engine(deployment: dict | None, key: str) -> bool:
-    return deployment is not None and f"/engines/{key}" in container_args(deployment)
+    return deployment is not None and any(is_engine_dir(arg, key) for arg in container_args(deployment))
 
 
 def replica_set_args(cluster, namespace: str, deployment: str) -> list[list[str]]:

@@ -162,7 +162,11 @@ def test_an_envelope_change_builds_anew_while_the_old_engine_serves(cluster, ns,
         message="the Deployment on the new engine",
     )
     history = replica_set_args(cluster, ns, f"llama-{H100}")
-    engines = ["paged" if "--model" in args else args[args.index("--engine-dir") + 1] for args in history]
+    # The engine directory up to its key (/engines/<key>[/<model digest>]).
+    engines = [
+        "paged" if "--model" in args else "/".join(args[args.index("--engine-dir") + 1].split("/")[:3])
+        for args in history
+    ]
     # Bridge first, then the old engine, then straight to the new one: never paged in between.
     assert engines == ["paged", f"/engines/{old}", f"/engines/{new}"]
     assert new in _builds(cluster, ns)

@@ -448,7 +448,7 @@ def _serving_compiled(kind_cluster, namespace: str, deployment: str, key: str) -
     args = spec["template"]["spec"]["containers"][0]["args"] if spec else []
     settled = status.get("observedGeneration") == obj.get("metadata", {}).get("generation")
     return (
-        f"/engines/{key}" in args
+        any(arg == f"/engines/{key}" or arg.startswith(f"/engines/{key}/") for arg in args)  # <key>/<model digest>
         and settled
         and status.get("updatedReplicas") == spec.get("replicas") == status.get("readyReplicas")
         and not status.get("unavailableReplicas")

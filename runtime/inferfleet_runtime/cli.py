@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "demo-model": ("inferfleet_runtime.demo_model", "make the small built-in model"),
     "fetch": ("inferfleet_runtime.fetch", "download a model (file://, hf://, s3://)"),
     "compile": ("inferfleet_runtime.compiled.cli", "build a compiled engine ahead of time"),
+    "prune-engine": ("inferfleet_runtime.prune_engine", "remove a compiled engine from the engine cache"),
     "bench": ("inferfleet_runtime.bench.cli", "run a serving benchmark"),
 }
 

@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlparse
 from tqdm import tqdm
 
 from .fetch_common import CREDENTIALS_HINT, FetchError, target_path, verify_sizes, wrong_sizes
+from .model_content import write_source
 from .termination import fail
 
 URI_FORMS = "file:///path/to/model, hf://org/name[@revision] or s3://bucket/prefix"
@@ -138,6 +139,8 @@ def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
             f"could not fetch hf://{source.path}@{revision}: {_reason(exc, has_token=token is not None)}"
         ) from exc
     verify_sizes(to, expected)
+    # The commit the revision resolved to: a compile of these files is addressed by it (model_content).
+    write_source(to, f"hf://{source.path}", revision, info.sha)
 
 
 def _reason(exc: Exception, has_token: bool) -> str:

@@ -250,3 +250,15 @@ def test_placement_values_reach_the_pod(render, one):
     assert {"name": "KOPF_LOG", "value": "debug"} in container["env"]
     # The selector must not follow podLabels, or an upgrade adding a label would be refused.
     assert "team" not in deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_the_operator_knows_its_namespace_and_labels_for_service_network_policies(render, one):
+    objects = render()
+    deployment = one(objects, "Deployment")
+    args = _container(objects, one)["args"]
+    assert f"--scraper-namespace={NAMESPACE}" in args
+    [labels_arg] = [a for a in args if a.startswith("--scraper-labels=")]
+    pairs = dict(p.split("=", 1) for p in labels_arg.removeprefix("--scraper-labels=").split(","))
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pairs and all(pod_labels.get(k) == v for k, v in pairs.items())  # they select the operator's pods
+    assert pairs.get("app.kubernetes.io/component") == "operator"

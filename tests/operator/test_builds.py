@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import copy
+import json
 from datetime import timedelta
 
+import pytest
 from crd_eval import load_schema, schema_errors
 from planning_data import NOW
 
 from inferfleet_operator.api.names import UNREFERENCED_ANNOTATION
-from inferfleet_operator.api.types import PlanSettings
-from inferfleet_operator.plan.builds import backoff_seconds, plan_build, plan_gc
+from inferfleet_operator.api.types import EngineBuildSpec, PlanSettings, from_dict
+from inferfleet_operator.plan.build_lifecycle import plan_gc, rebuild_request, rebuilds_for_lost_engines
+from inferfleet_operator.plan.builds import backoff_seconds, plan_build
+from inferfleet_operator.plan.engine_key import spec_key
 
-KEY = "0123456789abcdef"
+BASE = {
+    "modelUri": "hf://org/m", "revision": "main", "envelope": {"maxContextLength": 2048},
+    "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1", "gpuResource": "nvidia.com/gpu",
+    "gpus": 1, "maxAttempts": 3, "backoffSeconds": 10, "placement": {"nodeNames": ["h1", "h2"]},
+}  # fmt: skip
+KEY = spec_key(from_dict(EngineBuildSpec, BASE | {"engineKey": ""}))
 
 
 def build(status=None, **spec) -> dict:
-    base = {
-        "engineKey": KEY, "modelUri": "hf://org/m", "revision": "main", "envelope": {"maxContextLength": 2048},
-        "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1", "gpuResource": "nvidia.com/gpu",
-        "gpus": 1, "maxAttempts": 3, "backoffSeconds": 10, "placement": {"nodeNames": ["h1", "h2"]},
-    }  # fmt: skip
+    base = BASE | {"engineKey": KEY}
     return {
         "metadata": {"name": KEY, "namespace": "team-a", "uid": "uid-b", "generation": 1},
         "spec": base | spec,
@@ -32,7 +37,7 @@ def t(seconds: float) -> str:
     return (NOW + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def job(attempt: int, outcome: str, at: float = 0) -> dict:
+def job(attempt: int, outcome: str, at: float = 0, owner: str = "uid-b") -> dict:
     status = {"startTime": t(at - 60)}
     if outcome == "failed":
         status |= {
@@ -50,7 +55,8 @@ def job(attempt: int, outcome: str, at: float = 0) -> dict:
     else:
         status |= {"active": 1}
     name = f"{KEY}-{attempt}"
-    return {"metadata": {"name": name, "annotations": {"inferfleet.dev/attempt": str(attempt)}}, "status": status}
+    meta = {"name": name, "annotations": {"inferfleet.dev/attempt": str(attempt)}, "ownerReferences": [{"uid": owner}]}
+    return {"metadata": meta, "status": status}
 
 
 def pod(job_name: str, exit_code: int, message: str) -> dict:
@@ -146,6 +152,156 @@ def test_succeeded_job_makes_the_build_ready_with_artifact_details():
         60,
     )
     assert s["conditions"][0]["status"] == "True" and p.job is None
+
+
+def test_succeeded_job_records_the_model_digest_and_commit_and_the_directory_they_name():
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    message = f'{{"artifactSizeBytes": 1, "modelDigest": "00ff00ff00ff00ff", "modelCommit": "{commit}"}}'
+    s = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    assert (s["modelDigest"], s["resolvedRevision"]) == ("00ff00ff00ff00ff", commit)
+    assert s["artifactPath"] == f"/engines/{KEY}/00ff00ff00ff00ff"
+
+
+@pytest.mark.parametrize("digest", ["../../etc", "00FF00FF00FF00FF", "00ff", 7, ""])
+def test_a_reported_digest_not_of_its_form_is_ignored(digest):
+    message = json.dumps({"modelDigest": digest, "modelCommit": "main"})
+    s = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    assert "modelDigest" not in s and "resolvedRevision" not in s and s["artifactPath"] == f"/engines/{KEY}"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"modelUri": "hf://org/other"},
+        {"revision": "v2"},
+        {"envelope": {"maxContextLength": 4096}},
+        {"architecture": "sm80"},
+        {"compileImage": "c:2"},
+        {"image": "r:2"},
+        {"quantization": "Int8"},
+    ],
+)
+def test_a_build_whose_spec_does_not_hash_to_its_key_is_refused_and_builds_nothing(change):
+    refused = build()
+    refused["spec"] |= change
+    p = plan_build(refused, [], NOW)
+    assert p.job is None and p.status["state"] == "Failed" and p.status["attempts"] == 0
+    assert p.status["conditions"][0]["reason"] == "KeyMismatch"
+    assert "does not hash to its key" in p.status["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "KeyMismatch")]
+    # The Event goes out once, not on every resync.
+    assert plan_build(refused | {"status": p.status}, [], NOW).events == []
+
+
+def test_a_build_named_other_than_its_key_is_refused():
+    renamed = build()
+    renamed["metadata"]["name"] = "fedcba9876543210"
+    p = plan_build(renamed, [], NOW)
+    assert p.job is None and p.status["conditions"][0]["reason"] == "KeyMismatch"
+
+
+def test_jobs_carrying_the_builds_labels_but_not_owned_by_it_are_not_attempts():
+    # A succeeded Job of someone else (or of an earlier EngineBuild of the same name) does not make it Ready.
+    p = plan_build(build(), [job(1, "succeeded", owner="uid-other"), job(2, "failed", owner="uid-other")], NOW)
+    assert p.status["state"] != "Ready"
+
+
+def test_a_job_name_taken_by_a_job_not_owned_is_left_alone_and_said():
+    p = plan_build(build(), [job(1, "running", owner="uid-other")], NOW)
+    assert p.job is None and p.status["state"] == "Pending" and p.status["progress"] == "job name taken"
+    assert p.status["conditions"][0]["reason"] == "NotOwned"
+    assert f"Job team-a/{KEY}-1 exists and is not owned by this EngineBuild" in p.status["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "NotOwned")]
+
+
+def test_compile_jobs_outlive_a_lost_node_fail_at_once_on_bad_input_and_are_deleted_a_day_after():
+    spec = plan_build(build(), [], NOW).job["spec"]
+    rules = spec["podFailurePolicy"]["rules"]
+    # First rule: a disrupted pod (node lost, drained, preempted) is not a failure of the attempt.
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    fail_on = {r["onExitCodes"]["containerName"]: r["onExitCodes"]["values"] for r in rules if r["action"] == "FailJob"}
+    assert fail_on == {"compile": [2], "fetch-model": [2]}  # hf:// is fetched by an init container
+    assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] == 86400
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"  # what a pod failure policy requires
+
+
+def test_an_attempt_failed_by_the_pod_failure_policy_fails_the_build_without_retrying():
+    failed = job(1, "failed")
+    failed["status"]["conditions"][0]["reason"] = "PodFailurePolicy"
+    message = "inferfleet-runtime compile: error: unsupported architecture MambaForCausalLM"
+    p = plan_build(build(), [failed], NOW + timedelta(hours=1), pods=[pod(f"{KEY}-1", 2, message)])
+    assert p.job is None and p.requeue_after is None
+    assert p.status["state"] == "Failed" and p.status["attempts"] == 1 < p.status["maxAttempts"]
+    assert "MambaForCausalLM" in p.status["message"]
+
+
+@pytest.mark.parametrize("outcome, state", [("succeeded", "Ready"), ("failed", "Failed")])
+def test_a_finished_build_keeps_its_outcome_once_its_jobs_are_deleted_by_their_ttl(outcome, state):
+    finished = plan_build(build(maxAttempts=1), [job(1, outcome)], NOW)
+    assert finished.status["state"] == state
+    later = plan_build(build(finished.status, maxAttempts=1), [], NOW + timedelta(days=1))
+    assert later.job is None and later.status == finished.status and later.events == []
+
+
+def _lost(status: dict, job_name: str, **spec) -> dict:
+    out = build(status, **spec)
+    out["metadata"]["annotations"] = {"inferfleet.dev/engine-lost": job_name}
+    return out
+
+
+@pytest.mark.parametrize("jobs_left", [True, False])  # the finished Job still there, or deleted by its TTL
+def test_a_ready_build_whose_engine_was_lost_runs_the_next_attempt(jobs_left):
+    ready = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, "{}")]).status
+    jobs = [job(1, "succeeded")] if jobs_left else []
+    p = plan_build(_lost(ready, f"{KEY}-1"), jobs, NOW)
+    assert p.job["metadata"]["name"] == f"{KEY}-2" and p.status["state"] == "Pending"
+    assert p.status["message"] == "the engine of attempt 1 was lost; attempt 2 rebuilds it"
+    rebuilt = plan_build(_lost(p.status, f"{KEY}-1"), jobs + [job(2, "succeeded", at=60)], NOW)
+    assert rebuilt.status["state"] == "Ready" and rebuilt.status["currentJob"] == f"{KEY}-2"
+    # ... and stays Ready once both Jobs are gone.
+    assert plan_build(_lost(rebuilt.status, f"{KEY}-1"), [], NOW).status["state"] == "Ready"
+
+
+def test_an_engine_lost_after_the_last_attempt_fails_the_build():
+    ready = plan_build(build(maxAttempts=1), [job(1, "succeeded")], NOW).status
+    p = plan_build(_lost(ready, f"{KEY}-1", maxAttempts=1), [job(1, "succeeded")], NOW)
+    assert p.job is None and p.status["state"] == "Failed"
+    assert p.status["message"] == "the engine of attempt 1 was lost and all 1 attempt(s) are used"
+
+
+def test_a_rebuild_is_asked_once_per_job_and_only_of_a_ready_build():
+    ready = build(plan_build(build(), [job(1, "succeeded")], NOW).status)
+    assert rebuild_request(ready) == f"{KEY}-1"
+    assert rebuild_request(_lost(ready["status"], f"{KEY}-1")) is None
+    assert rebuild_request(build(plan_build(build(), [job(1, "running")], NOW).status)) is None
+
+
+def test_only_pods_created_after_the_build_finished_testify_that_its_engine_is_lost():
+    ready = build(plan_build(build(), [job(1, "succeeded", at=0)], NOW).status)
+    pools = [{"name": "nvidia-h100", "servingEngine": "Compiled", "servingEngineBuild": KEY}]
+    old, new = ("nvidia-h100", "pod-old", t(-30)), ("nvidia-h100", "pod-new", t(30))
+    assert rebuilds_for_lost_engines(pools, [old], {KEY: ready}) == {}
+    assert rebuilds_for_lost_engines(pools, [old, new], {KEY: ready}) == {KEY: (f"{KEY}-1", "pod-new")}
+    paged = [pools[0] | {"servingEngine": "Paged"}]
+    assert rebuilds_for_lost_engines(paged, [new], {KEY: ready}) == {}
+
+
+def _prune_job(outcome: str) -> dict:
+    from inferfleet_operator.plan.build_jobs import prune_job_for
+
+    pruner = prune_job_for("team-a", KEY, "00ff00ff00ff00ff", "r:1", PlanSettings())
+    pruner["status"] = job(1, outcome)["status"]
+    return pruner
+
+
+def test_a_new_build_of_a_key_waits_while_the_previous_engine_is_pruned():
+    p = plan_build(build(), [_prune_job("running")], NOW)
+    assert p.job is None and p.status["state"] == "Pending" and p.requeue_after == 30
+    assert (
+        p.status["message"] == f"waiting for Job {KEY}-prune-00ff00ff00ff00ff to remove the previous engine of this key"
+    )
+    done = plan_build(build(p.status), [_prune_job("succeeded")], NOW)
+    assert done.job is not None and done.job["metadata"]["name"] == f"{KEY}-1"  # the prune Job is no attempt
 
 
 def test_plan_build_is_deterministic_and_quiet_on_resync():

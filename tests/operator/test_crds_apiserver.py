@@ -250,3 +250,32 @@ def test_routing_and_autoscaling_status_round_trip_unpruned(kubectl):
     )
     assert patched.returncode == 0, patched.stderr
     assert json.loads(kubectl("get", "infsvc", "scaled", "-n", "default", "-o", "json").stdout)["status"] == status
+
+
+def test_the_api_server_admits_the_compile_job_and_the_service_network_policy(kubectl):
+    """The pod failure policy and TTL, the prune Job and the NetworkPolicy the operator renders are valid for a
+    real API server."""
+    from inferfleet_operator.api.types import PlanSettings, parse_service
+    from inferfleet_operator.plan import build_jobs
+    from inferfleet_operator.plan import manifests as m
+
+    for name in ("job-b576f1d816b422cc-1.yaml",):
+        job = yaml.safe_load((Path(__file__).resolve().parent / "golden" / name).read_text())
+        job["metadata"].pop("ownerReferences")  # the owner does not exist here
+        job["metadata"]["namespace"] = "default"
+        result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(job))
+        assert result.returncode == 0, (name, result.stderr)
+        assert job["spec"]["podFailurePolicy"]["rules"][0]["action"] == "Ignore"
+    pruner = build_jobs.prune_job_for("default", "0123456789abcdef", "00ff00ff00ff00ff", "runtime:1", PlanSettings())
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pruner))
+    assert result.returncode == 0, result.stderr
+    service = json.loads(_service(networkPolicy={"allow": [{"namespace": "gateway", "podLabels": {"app": "envoy"}}]}))
+    settings = PlanSettings(scraper_namespace="inferfleet-system", scraper_labels=(("app.kubernetes.io/name", "x"),))
+    policy = m.network_policy_for(parse_service(service), settings)
+    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(policy))
+    assert result.returncode == 0, result.stderr
+    broken = m.network_policy_for(
+        parse_service(json.loads(_service(networkPolicy={"allow": [{"podLabels": {"bad key!": "v"}}]}))), settings
+    )
+    refused = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(broken))
+    assert refused.returncode != 0 and "bad key!" in refused.stderr  # reported as ApplyFailed on the service

@@ -22,6 +22,7 @@ from planning_data import NOW, RUNTIMES, h100, service
 
 from inferfleet_operator.plan.builds import plan_build
 from inferfleet_operator.plan.planner import plan_service
+from inferfleet_runtime.model_content import SOURCE_NAME, read_commit
 
 from ..runtime.hub_standin import COMMIT, HubStandIn
 from ..runtime.s3_standin import REGION, S3StandIn
@@ -111,7 +112,7 @@ def _files(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and ".cache" not in p.relative_to(root).parts
+        if p.is_file() and ".cache" not in p.relative_to(root).parts and p.name != SOURCE_NAME
     }
 
 
@@ -152,6 +153,8 @@ def test_rendered_hf_fetch_fills_the_directory_the_container_reads(
     assert _files(Path(_remap(to, tmp_path))) == _files(demo_model_dir)
     asked = {r.path.split("/revision/")[1] for r in stand_in.requests if "/revision/" in r.path}
     assert asked == {revision or "main"}
+    # What the compiler keys the engine's directory on: the commit the revision resolved to.
+    assert read_commit(Path(_remap(to, tmp_path))) == COMMIT
 
 
 @pytest.mark.parametrize("kind", POD_KINDS)

@@ -15,6 +15,7 @@ from inferfleet_operator.plan.findings import (
     missing_claims,
     pod_findings,
     pod_view,
+    secret_fields,
     summary,
 )
 
@@ -265,3 +266,41 @@ def test_a_serving_container_refusing_its_model_is_server_failed_with_its_line_a
     assert pod_findings(pod_view(raw), POOL_LABEL) == [found]  # the index keeps what this reads
     raw["status"]["containerStatuses"] = [dict(server, state={"running": {}})]  # recovered: not reported
     assert pod_findings(raw) == []
+
+
+def server_waiting(message: str, reason: str = "CreateContainerConfigError") -> dict:
+    out = pod()
+    out["status"]["containerStatuses"] = [
+        {"name": "server", "state": {"waiting": {"reason": reason, "message": message}}}
+    ]
+    return out
+
+
+FIELDS = secret_fields({"model": {"credentialsSecret": "hub"}, "auth": {"apiKeySecret": {"name": "llama-keys"}}})
+
+
+def test_a_missing_api_key_secret_is_secret_not_found_naming_the_field():
+    [found] = pod_findings(server_waiting('secret "llama-keys" not found'), POOL_LABEL, FIELDS)
+    assert found.reason == c.REASON_SECRET_NOT_FOUND and found.pool == "intel-max-1100"
+    assert found.message == (
+        "Secret llama-keys not found in namespace team-a (named by spec.auth.apiKeySecret): container server waits "
+        "until it exists"
+    )
+
+
+def test_a_secret_without_the_named_key_says_which_key():
+    message = "couldn't find key api-key in Secret team-a/llama-keys"
+    [found] = pod_findings(server_waiting(message), POOL_LABEL, FIELDS)
+    assert found.message.startswith("Secret llama-keys has no key api-key (named by spec.auth.apiKeySecret)")
+
+
+def test_a_missing_credentials_secret_of_the_fetch_is_secret_not_found_too():
+    waiting = {"name": "fetch-model", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                            "message": 'secret "hub" not found'}}}  # fmt: skip
+    [found] = pod_findings(pod(init=waiting), POOL_LABEL, FIELDS)
+    assert found.reason == c.REASON_SECRET_NOT_FOUND and "(named by spec.model.credentialsSecret)" in found.message
+
+
+def test_other_waiting_states_are_not_secret_findings():
+    assert pod_findings(server_waiting("back-off pulling image", reason="ImagePullBackOff"), POOL_LABEL, FIELDS) == []
+    assert pod_findings(server_waiting('configmap "x" not found'), POOL_LABEL, FIELDS) == []

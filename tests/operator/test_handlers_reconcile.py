@@ -3,6 +3,7 @@ resync writes nothing, drift repair, stale children, Events."""
 
 import asyncio
 import copy
+import dataclasses
 import datetime
 import json
 import re
@@ -21,6 +22,7 @@ PLURAL_KINDS = {
     "deployments": "Deployment",
     "services": "Service",
     "poddisruptionbudgets": "PodDisruptionBudget",
+    "networkpolicies": "NetworkPolicy",
     "jobs": "Job",
     "enginebuilds": "EngineBuild",
     "inferenceservices": "InferenceService",
@@ -220,6 +222,7 @@ class World:
                 cache.DEPLOYMENTS,
                 cache.SERVICE_OBJECTS,
                 cache.PDBS,
+                cache.NETWORK_POLICIES,
                 cache.JOBS,
                 cache.PODS,
             )
@@ -236,6 +239,9 @@ class World:
             elif kind == "Job":
                 build = obj["metadata"]["labels"][names.BUILD_LABEL]
                 index[cache.JOBS].setdefault((ns, build), []).append(obj)
+            elif kind == "Pod" and names.BUILD_LABEL in obj["metadata"].get("labels", {}):  # a compile pod
+                build = obj["metadata"]["labels"][names.BUILD_LABEL]
+                index[cache.PODS].setdefault((ns, build), []).append(obj)
             elif kind in cache.CHILD_INDEXES:
                 index[cache.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
         # Claims and serving pods are set by the tests that use them, and kept across syncs.
@@ -346,6 +352,58 @@ def test_a_deployment_of_a_pool_no_longer_planned_is_deleted():
     assert ("DELETE", "Deployment") in writes
     assert world.get("Deployment", "llama-amd-mi300x") is None
     assert world.get("Deployment", "llama-cpu-amd64") is not None
+
+
+def test_an_object_with_the_services_labels_that_it_does_not_own_is_never_deleted():
+    world = World([_service()])
+    world.reconcile()
+    foreign = copy.deepcopy(world.get("Deployment", "llama-cpu-amd64"))
+    foreign["metadata"]["name"] = "someone-elses"
+    foreign["metadata"]["ownerReferences"] = [{"kind": "InferenceService", "name": "llama", "uid": "uid-other"}]
+    world.api.objects[("Deployment", "team-a", "someone-elses")] = foreign
+    unowned = copy.deepcopy(foreign)
+    unowned["metadata"]["name"] = "made-by-hand"
+    del unowned["metadata"]["ownerReferences"]
+    world.api.objects[("Deployment", "team-a", "made-by-hand")] = unowned
+    world.sync()
+    writes = world.reconcile()
+    assert ("DELETE", "Deployment") not in writes
+    assert world.get("Deployment", "someone-elses") and world.get("Deployment", "made-by-hand")
+
+
+def test_a_planned_child_whose_name_is_taken_by_an_object_not_owned_is_left_alone_and_reported():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    taken = world.get("Deployment", "llama-cpu-amd64")
+    taken["metadata"]["ownerReferences"] = [{"kind": "InferenceService", "name": "llama", "uid": "uid-earlier"}]
+    taken["spec"]["replicas"] = 7  # someone else's: the operator must not put its own back
+    world.sync()
+    writes = world.reconcile()
+    assert ("PATCH", "Deployment") not in writes and ("DELETE", "Deployment") not in writes
+    assert world.get("Deployment", "llama-cpu-amd64")["spec"]["replicas"] == 7
+    conditions = {c["type"]: c for c in world.get("InferenceService", "llama")["status"]["conditions"]}
+    assert conditions["Degraded"]["status"] == "True" and conditions["Degraded"]["reason"] == "NotOwned"
+    assert (
+        "Deployment llama-cpu-amd64: exists and is not owned by InferenceService team-a/llama"
+        in (conditions["Degraded"]["message"])
+    )
+    assert any(e["reason"] == "NotOwned" and e["type"] == "Warning" for e in world.api.events)
+
+
+def test_an_engine_build_made_by_hand_is_not_garbage_collected():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.reconcile_build(name)
+    del world.get("EngineBuild", name)["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    del world.api.objects[("InferenceService", "team-a", "llama")]
+    world.sync()
+    world.reconcile_build(name)
+    world.sync()
+    writes, _ = world.reconcile_build(name, at=NOW + datetime.timedelta(seconds=61))
+    assert ("DELETE", "EngineBuild") not in writes and world.get("EngineBuild", name) is not None
 
 
 def test_two_services_with_one_key_share_one_build():
@@ -690,3 +748,134 @@ def test_the_work_queue_resyncs_every_object_while_it_exists_and_stops_once_it_i
     del world.api.objects[("InferenceService", "team-a", "llama")]
     world.sync()
     assert asyncio.run(handlers._work(world.ctx, service_key)) is None, "a deleted object is not requeued"
+
+
+def test_a_missing_api_key_secret_degrades_the_service_with_one_warning_and_no_secret_read():
+    service = _service()
+    service["spec"]["auth"] = {"apiKeySecret": {"name": "llama-keys"}}
+    world = World([service])
+    world.reconcile()
+    world.sync()
+    pod = {
+        "metadata": {
+            "name": "llama-cpu-amd64-abc",
+            "namespace": "team-a",
+            "labels": {names.SERVICE_LABEL: "llama", names.POOL_LABEL: "cpu-amd64"},
+        },
+        "status": {"phase": "Pending", "containerStatuses": [{"name": "server", "state": {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "llama-keys" not found'}}}]},
+    }  # fmt: skip
+    world.indices[cache.SERVICE_PODS] = {("team-a", "llama"): [pod]}
+    world.reconcile()
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "SecretNotFound")
+    assert "Secret llama-keys not found in namespace team-a (named by spec.auth.apiKeySecret)" in degraded["message"]
+    assert [e["reason"] for e in world.api.events if e["type"] == "Warning"] == ["SecretNotFound"]
+    assert {kind.split("/")[0] for _, kind in world.api.requests} <= {
+        "InferenceService",
+        "EngineBuild",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "Event",
+    }
+
+
+def test_a_network_policy_follows_the_spec_and_goes_when_the_field_is_removed():
+    service = _service()
+    service["spec"]["networkPolicy"] = {"allow": [{"namespace": "gateway"}]}
+    world = World([service])
+    world.ctx.config = dataclasses.replace(
+        world.ctx.config, scraper_namespace="inferfleet-system", scraper_labels=(("app.kubernetes.io/name", "x"),)
+    )
+    world.reconcile()
+    policy = world.get("NetworkPolicy", "llama")
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers] == [
+        "gateway",
+        "inferfleet-system",
+    ]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
+    world.sync()
+    del world.get("InferenceService", "llama")["spec"]["networkPolicy"]
+    world.sync()
+    assert ("DELETE", "NetworkPolicy") in world.reconcile()
+    assert world.get("NetworkPolicy", "llama") is None
+
+
+def test_serving_pods_that_find_the_engine_lost_get_it_rebuilt_and_the_pool_bridged_meanwhile():
+    world = World([_service()])
+    world.indices[cache.CLAIMS] = {"team-a": ["inferfleet-engine-cache"]}
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.reconcile_build(name)
+    _finish_job(world, f"{name}-1")
+    world.sync()
+    world.reconcile_build(name)
+    world.sync()
+    world.reconcile()
+    world.sync()
+    nvidia = "llama-nvidia-h100-80gb-hbm3"
+    assert "--engine-dir" in world.get("Deployment", nvidia)["spec"]["template"]["spec"]["containers"][0]["args"]
+    crashed = {
+        "metadata": {"name": f"{nvidia}-abc", "namespace": "team-a", "creationTimestamp": "2026-12-02T12:10:00Z",
+                     "labels": {names.SERVICE_LABEL: "llama", names.POOL_LABEL: "nvidia-h100-80gb-hbm3"}},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "server", "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 3, "message": "inferfleet-runtime serve: error: engine lost"}}}]},
+    }  # fmt: skip
+    world.indices[cache.SERVICE_PODS] = {("team-a", "llama"): [crashed]}
+    world.reconcile()
+    assert world.get("EngineBuild", name)["metadata"]["annotations"][names.REBUILD_ANNOTATION] == f"{name}-1"
+    assert [e["reason"] for e in world.api.events if e["reason"] == "EngineLost"] == ["EngineLost"]
+    world.sync()
+    writes, _ = world.reconcile_build(name)
+    assert ("PATCH", "Job") in writes and world.get("Job", f"{name}-2") is not None
+    world.sync()
+    world.reconcile()  # asks no second rebuild of the same Job, and serves the pool paged while it runs
+    assert [e["reason"] for e in world.api.events if e["reason"] == "EngineLost"] == ["EngineLost"]
+    args = world.get("Deployment", nvidia)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--engine-dir" not in args and "--model" in args
+
+
+def _gc_ready_build(world, name, at):
+    world.reconcile_build(name)
+    _finish_job(world, f"{name}-1")
+    world.api.objects[("Pod", "team-a", f"{name}-1-x")] = {
+        "metadata": {"name": f"{name}-1-x", "labels": {names.BUILD_LABEL: name, "batch.kubernetes.io/job-name": f"{name}-1"}},
+        "status": {"containerStatuses": [{"name": "compile", "state": {"terminated": {
+            "exitCode": 0, "message": '{"modelDigest": "00ff00ff00ff00ff"}'}}}]},
+    }  # fmt: skip
+    world.sync()
+    world.reconcile_build(name)
+    assert world.get("EngineBuild", name)["status"]["modelDigest"] == "00ff00ff00ff00ff"
+    del world.api.objects[("InferenceService", "team-a", "llama")]
+    world.sync()
+    world.reconcile_build(name)
+    world.sync()
+    return world.reconcile_build(name, at=at)
+
+
+def test_a_garbage_collected_build_has_its_engine_directory_pruned_by_a_job_first():
+    world = World([_service()])
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    writes, _ = _gc_ready_build(world, name, NOW + datetime.timedelta(seconds=61))
+    assert writes[-2:] == [("PATCH", "Job"), ("DELETE", "EngineBuild")]  # the Job before the build goes
+    pruner = world.get("Job", f"{name}-prune-00ff00ff00ff00ff")
+    [container] = pruner["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["prune-engine", "--dir", f"/engines/{name}/00ff00ff00ff00ff"]
+    assert "ownerReferences" not in pruner["metadata"] and pruner["spec"]["ttlSecondsAfterFinished"] == 600
+    assert world.get("EngineBuild", name) is None
+
+
+def test_with_engine_gc_keep_the_engine_directory_stays():
+    world = World([_service()])
+    world.ctx.config = dataclasses.replace(world.ctx.config, engine_gc="keep")
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    writes, _ = _gc_ready_build(world, name, NOW + datetime.timedelta(seconds=61))
+    assert ("DELETE", "EngineBuild") in writes and ("PATCH", "Job") not in writes

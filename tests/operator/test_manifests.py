@@ -11,6 +11,7 @@ import yaml
 from planning_data import NOW, RUNTIMES, cpu, h100, mi300x, node, service, with_state
 
 from inferfleet_operator.api import names
+from inferfleet_operator.api.types import PlanSettings
 from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.builds import plan_build
 from inferfleet_operator.plan.planner import plan_service
@@ -238,3 +239,43 @@ def test_a_service_without_auth_serves_open_endpoints():
     for deployment in deployments:
         env = _containers(deployment["spec"]["template"]["spec"])["server"]["env"]
         assert all(item["name"] != "INFERFLEET_API_KEY" for item in env)
+
+
+def _policy_service(network_policy: dict):
+    from inferfleet_operator.api.types import parse_service
+
+    obj = {
+        "metadata": {"name": "llama", "namespace": "team-a", "uid": "u"},
+        "spec": {"model": {"name": "m", "uri": "hf://o/m"}, "networkPolicy": network_policy},
+    }
+    return parse_service(obj)
+
+
+def test_network_policy_admits_only_the_named_peers_and_the_operator_on_the_serving_port():
+    from inferfleet_operator.plan.manifests import network_policy_for
+
+    settings = PlanSettings(scraper_namespace="inferfleet-system", scraper_labels=(("app.kubernetes.io/name", "op"),))
+    allow = [{"namespace": "gateway", "podLabels": {"app": "envoy"}}, {}]
+    policy = network_policy_for(_policy_service({"allow": allow}), settings)
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == {
+        "inferfleet.dev/service": "llama",
+        "app.kubernetes.io/component": "server",
+    }
+    assert spec["policyTypes"] == ["Ingress"]
+    [rule] = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8000}]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
+         "podSelector": {"matchLabels": {"app": "envoy"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}, "podSelector": {}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "inferfleet-system"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "op"}}},
+    ]  # fmt: skip
+
+
+def test_network_policy_with_no_peer_and_no_known_operator_refuses_every_caller():
+    from inferfleet_operator.plan.manifests import network_policy_for
+
+    policy = network_policy_for(_policy_service({}), PlanSettings())
+    assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress"]

@@ -95,6 +95,15 @@ def test_ready_build_switches_the_pool_to_its_compiled_engine():
     assert cond(p, "EnginesBuilt")["reason"] == "EnginesReady"
 
 
+def test_compiled_pool_serves_the_directory_of_the_model_content_its_build_compiled():
+    first = plan()
+    key = key_of(first)
+    ready = with_state(first.engine_builds[0], "Ready")
+    ready["status"]["modelDigest"] = "00ff00ff00ff00ff"
+    nv = kinds(plan(builds={key: ready}))[f"Deployment/{NV}"]
+    assert args(nv)[:3] == ["serve", "--engine-dir", f"/engines/{key}/00ff00ff00ff00ff"]
+
+
 def test_engine_cache_claim_comes_from_operator_settings():
     first = plan()
     p = plan(

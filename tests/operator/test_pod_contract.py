@@ -33,9 +33,10 @@ SERVED_NAME = "inferfleet-demo"
 READY_SECONDS = 120
 
 
-def _render() -> dict[str, dict]:
-    """-> {"paged": cpu-pool server container, "compiled": h100-pool server container, "compile": Job container,
-    "key": engine key}."""
+def _render() -> dict:
+    """-> {"paged": cpu-pool server container, "compiled": h100-pool server container of a build whose status
+    records no model digest, "compiled_after": (compile container's termination message -> the h100-pool server
+    container once the build's Job succeeded with it), "compile": Job container, "key": engine key}."""
     svc = service(
         "demo",
         model={"name": SERVED_NAME, "uri": "pvc://models/demo"},
@@ -50,16 +51,31 @@ def _render() -> dict[str, dict]:
     built = with_state(build, "Ready")
     job = plan_build(built | {"status": {}}, [], NOW).job
     ready = plan_service(svc, nodes, RUNTIMES, {key: built}, {}, NOW)
-    deployments = {c["metadata"]["name"]: c for c in ready.children if c["kind"] == "Deployment"}
 
-    def server(name: str) -> dict:
-        [container] = deployments[name]["spec"]["template"]["spec"]["containers"]
+    def server(name: str, plan=ready) -> dict:
+        found = {c["metadata"]["name"]: c for c in plan.children if c["kind"] == "Deployment"}
+        [container] = found[name]["spec"]["template"]["spec"]["containers"]
         return container
+
+    def compiled_after(message: str) -> dict:
+        """The build reconciled with its Job succeeded and the compile container's termination message."""
+        job_name = job["metadata"]["name"]
+        done = job | {"status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}
+        job_pod = {
+            "metadata": {"name": f"{job_name}-x", "labels": {"batch.kubernetes.io/job-name": job_name}},
+            "status": {"containerStatuses": [
+                {"name": "compile", "state": {"terminated": {"exitCode": 0, "message": message}}}]},
+        }  # fmt: skip
+        status = plan_build(built | {"status": {}}, [done], NOW, pods=[job_pod]).status
+        assert status["state"] == "Ready"
+        after = plan_service(svc, nodes, RUNTIMES, {key: built | {"status": status}}, {}, NOW)
+        return server("demo-nvidia-h100-80gb-hbm3", after)
 
     [compile_container] = job["spec"]["template"]["spec"]["containers"]
     return {
         "paged": server("demo-cpu-amd64"),
         "compiled": server("demo-nvidia-h100-80gb-hbm3"),
+        "compiled_after": compiled_after,
         "compile": compile_container,
         "key": key,
     }
@@ -205,21 +221,30 @@ def test_compile_job_builds_an_engine_that_the_compiled_serving_pod_serves(demo_
     import torch
 
     from inferfleet_runtime.compiled.manifest import device_architecture, read_manifest
+    from inferfleet_runtime.model_content import content_digest, content_manifest
 
-    key, job, server = RENDERED["key"], RENDERED["compile"], RENDERED["compiled"]
+    key, job = RENDERED["key"], RENDERED["compile"]
     pod = Pod(tmp_path, demo_model_dir)
     here = device_architecture(torch.device("cpu"))
     argv = pod.argv(job, {"--backend": ("tensorrt", "aotinductor"), "--target-architecture": ("sm90", here)})
-    done = subprocess.run(argv, env=pod.env(job), capture_output=True, text=True, timeout=600, cwd=pod.mounts["/tmp"])
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    env = pod.env(job) | {"INFERFLEET_TERMINATION_LOG": str(log)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=pod.mounts["/tmp"])
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith(f"built engine={key} ")
-    engine_dir = pod.mounts["/engines"] / key
+    # The engine lands under its key, in the directory named by the model's content digest.
+    digest = content_digest(content_manifest(demo_model_dir))
+    engine_dir = pod.mounts["/engines"] / key / digest
     manifest = read_manifest(engine_dir)
-    assert manifest.engine_key == key and manifest.backend == "aotinductor"
+    assert manifest.engine_key == key and manifest.backend == "aotinductor" and manifest.model_digest == digest
     assert manifest.envelope.max_context_length == 64 and manifest.envelope.max_batch_size == 1
 
-    # The compiled pool's Deployment serves the engine the Job wrote, under the same mount and key.
-    assert server["args"][:3] == ["serve", "--engine-dir", f"/engines/{key}"]
+    # The compiled pool's Deployment serves the engine the Job wrote: the build's status carries the digest
+    # from the compile container's termination message, and the serving pod reads that directory.
+    assert RENDERED["compiled"]["args"][:3] == ["serve", "--engine-dir", f"/engines/{key}"]  # before the digest
+    server = RENDERED["compiled_after"](log.read_text())
+    assert server["args"][:3] == ["serve", "--engine-dir", f"/engines/{key}/{digest}"]
     process = pod.start(server)
     try:
         _check_serves(pod, server, process)

@@ -29,3 +29,12 @@ def test_help_shows_the_defaults():
     text = " ".join(build_parser().format_help().split())
     assert "(default: 8080)" in text and "(default: 1,2,5,10,30,60)" in text
     assert "(default: inferfleet-engine-cache)" in text
+
+
+def test_scraper_labels_parse_into_sorted_pairs_and_malformed_ones_are_refused(capsys):
+    config = parse_args(["--scraper-namespace=ops", "--scraper-labels=b=2,a=1"], default_instance="p")
+    assert config.plan_settings().scraper_namespace == "ops"
+    assert config.plan_settings().scraper_labels == (("a", "1"), ("b", "2"))
+    with pytest.raises(SystemExit):
+        parse_args(["--scraper-labels=novalue"], default_instance="p")
+    assert "expected KEY=VALUE" in capsys.readouterr().err

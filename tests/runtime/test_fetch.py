@@ -8,6 +8,7 @@ import os
 import pytest
 
 from inferfleet_runtime import fetch, fetch_common
+from inferfleet_runtime.model_content import SOURCE_NAME, read_commit
 
 from .hub_standin import COMMIT, HubStandIn
 
@@ -23,7 +24,7 @@ def model_files(root) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and ".cache" not in p.relative_to(root).parts
+        if p.is_file() and ".cache" not in p.relative_to(root).parts and p.name != SOURCE_NAME
     }
 
 
@@ -115,6 +116,7 @@ def test_hf_uri_downloads_every_file_through_the_endpoint_with_the_token(hub, tm
     out = tmp_path / "out"
     assert run_fetch(f"hf://{REPO}@main", out) == 0
     assert model_files(out) == hub.files()
+    assert read_commit(out) == COMMIT  # the commit main resolved to, which the compiled engine is addressed by
     assert sorted(file_gets(hub)) == sorted(hub.files())
     api_calls = [r for r in hub.requests if r.path.startswith(f"/api/models/{REPO}")]
     assert api_calls and all(r.headers.get("authorization") == "Bearer hf_local_test_token" for r in api_calls)

@@ -103,6 +103,9 @@ CRDs they are left to the next upgrade (NOTES.txt says so).
 {{- if not (include "inferfleet.routing.enabled" .) }}
 - --inference-pools=disabled
 {{- end }}
+- --scraper-namespace={{ .Release.Namespace }}
+{{- $scraper := include "inferfleet.selectorLabels" . | fromYaml }}
+- --scraper-labels={{ range $i, $key := keys $scraper | sortAlpha }}{{ if $i }},{{ end }}{{ $key }}={{ get $scraper $key }}{{ end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}

@@ -37,9 +37,11 @@ REASON_APPLY_FAILED = "ApplyFailed"  # the API server refused a write (e.g. 422 
 REASON_CLAIM_NOT_FOUND = "ClaimNotFound"  # a mounted PersistentVolumeClaim does not exist
 REASON_INSUFFICIENT_RESOURCE = "InsufficientResource"  # pods unschedulable: Insufficient <resource>
 REASON_UNSCHEDULABLE = "Unschedulable"  # pods unschedulable for another reason
+REASON_SECRET_NOT_FOUND = "SecretNotFound"  # a Secret (or its key) the pods take by reference does not exist
 REASON_FETCH_FAILED = "FetchFailed"  # the model fetch init container exited non-zero
 REASON_SERVER_FAILED = "ServerFailed"  # the serving container exited non-zero (e.g. an unsupported model)
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # a compile Job ran past activeDeadlineSeconds
+REASON_NOT_OWNED = "NotOwned"  # an object the operator would write exists and is not owned by the resource
 # Per-pool reasons.
 REASON_SERVING_COMPILED = "ServingCompiled"
 REASON_SERVING_PAGED = "ServingPaged"
@@ -56,6 +58,8 @@ REASON_JOB_SUCCEEDED = "JobSucceeded"
 REASON_JOB_FAILED = "JobFailed"
 REASON_BACKOFF = "BackoffBeforeRetry"
 REASON_ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+REASON_ENGINE_LOST = "EngineLost"  # serving pods found a Ready build's engine gone or damaged: it is rebuilt
+REASON_KEY_MISMATCH = "KeyMismatch"  # the spec does not hash to spec.engineKey: nothing is built
 
 
 @dataclass(frozen=True)

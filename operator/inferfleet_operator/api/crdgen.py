@@ -87,6 +87,30 @@ def envelope_schema(description: str, rules=None) -> dict:
     )
 
 
+def network_policy_schema() -> dict:
+    # Values are checked here (a pattern costs no CEL budget); a key that is no label key is refused by the API
+    # server when the NetworkPolicy is applied, and reported in the service's status (ApplyFailed).
+    labels = string_map("Labels the pods must carry; empty: every pod of the namespace.", 16)
+    labels["additionalProperties"] |= {"maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+    peer = obj(
+        "Pods allowed to call the service.",
+        {
+            "namespace": string(
+                "Their namespace; empty: the service's own.",
+                pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+                max_length=63,
+            ),
+            "podLabels": labels,
+        },
+    )
+    return obj(
+        "Set: a NetworkPolicy admits traffic to the serving pods' port only from the pods listed in allow and from "
+        "the operator's own pods (its autoscaler reads /metrics); every other pod of the cluster is refused. Needs a "
+        "network plugin that enforces NetworkPolicies. Unset: no NetworkPolicy, the pods take any traffic.",
+        {"allow": array("Who may call: namespaces, optionally narrowed to pods with given labels.", peer, 32)},
+    )
+
+
 def tolerations_schema(max_items: int = 32) -> dict:
     item = obj(
         "A toleration copied to the pods (same meaning as a pod's).",
@@ -407,6 +431,7 @@ def inference_service() -> dict:
                 },
                 default={},
             ),
+            "networkPolicy": network_policy_schema(),
         },
         required=("model",),
         rules=[
@@ -632,6 +657,12 @@ def engine_build() -> dict:
                 pattern=SECRET_NAME_PATTERN,
                 max_length=253,
             ),
+            "quantization": string(
+                "The service's spec.model.quantization (part of the key).",
+                d("quantization"),
+                QUANTIZATIONS,
+                rules=[rule("self == oldSelf", f"quantization {fixed}")],
+            ),
         },
         required=("engineKey", "modelUri", "revision", "envelope", "vendor", "architecture", "image", "compileImage"),
     )
@@ -645,7 +676,15 @@ def engine_build() -> dict:
             "progress": string("What the latest attempt is doing."),
             "message": string("Detail."),
             "failureReason": string("Why the latest attempt failed."),
-            "artifactPath": string("Engine directory in the engine cache."),
+            "artifactPath": string("Engine directory in the engine cache: <mount>/<key>/<modelDigest>."),
+            "modelDigest": string(
+                "Digest of the compiled model's content manifest (file names, sizes, sha256, hub commit), reported by "
+                "the compile Job; names the engine's directory under its key.",
+                pattern=r"^[0-9a-f]{16}$",
+            ),
+            "resolvedRevision": string(
+                "The hub commit an hf:// revision resolved to when the engine was compiled.", pattern=r"^[0-9a-f]{40}$"
+            ),
             "artifactSizeBytes": {"type": "integer", "format": "int64", "description": "Engine size."},
             "startTime": {
                 "type": "string",

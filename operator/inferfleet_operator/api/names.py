@@ -37,6 +37,7 @@ KINDS: dict[str, Kind] = {
     "Deployment": Kind("apps/v1", "deployments", True),
     "Service": Kind("v1", "services", True),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets", True),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies", True),
     "Job": Kind("batch/v1", "jobs", True),
     "Node": Kind("v1", "nodes", False),
     "Event": Kind("v1", "events", True),
@@ -51,7 +52,7 @@ KINDS: dict[str, Kind] = {
     "KopfPeering": Kind("kopf.dev/v1", "kopfpeerings", True),
 }
 # An InferenceService's children (labelled SERVICE_LABEL, owned by it, deleted when no longer planned).
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy")
 
 # ------------------------------------------------------------------ who the operator is
 
@@ -71,6 +72,7 @@ ENGINE_KEY_LABEL = f"{GROUP}/engine-key"
 BUILD_LABEL = f"{GROUP}/engine-build"  # on Jobs and their pods: the EngineBuild name
 REF_LABEL_PREFIX = f"ref.{GROUP}/"  # on an EngineBuild: one label per referencing InferenceService
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on its pods
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace: its name
 
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER}"  # the operator's children, Jobs and pods
 
@@ -81,4 +83,5 @@ RUNTIME_ANNOTATION = f"{GROUP}/runtime"
 ATTEMPT_ANNOTATION = f"{GROUP}/attempt"  # on Jobs: the 1-based attempt number
 PROGRESS_ANNOTATION = f"{GROUP}/build-progress"  # on a Job or its pod: free-form progress ("40%", "exporting")
 UNREFERENCED_ANNOTATION = f"{GROUP}/unreferenced-since"  # on an EngineBuild: when GC last saw no reference
+REBUILD_ANNOTATION = f"{GROUP}/engine-lost"  # on an EngineBuild: the Job whose engine serving pods found lost
 APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"  # on every applied object: the hash of what was applied

@@ -180,6 +180,21 @@ class AuthSpec:
 
 
 @dataclass(frozen=True)
+class NetworkPeer:
+    """Pods allowed to reach a service's pods."""
+
+    namespace: str = ""  # "" = the service's own namespace
+    pod_labels: dict[str, str] = field(default_factory=dict)  # empty = every pod of that namespace
+
+
+@dataclass(frozen=True)
+class NetworkPolicySpec:
+    """A NetworkPolicy on the serving pods: ingress to their port only from `allow` and the operator's scraper."""
+
+    allow: tuple[NetworkPeer, ...] = ()
+
+
+@dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
     engine: EngineEnvelope = field(default_factory=EngineEnvelope)
@@ -192,6 +207,7 @@ class InferenceServiceSpec:
     routing: RoutingSpec = field(default_factory=RoutingSpec)
     autoscaling: AutoscalingSpec | None = None
     auth: AuthSpec = field(default_factory=AuthSpec)
+    network_policy: NetworkPolicySpec | None = None  # None: no NetworkPolicy (the pods take any traffic)
 
 
 # ---------------------------------------------------------------- InferenceRuntime
@@ -236,6 +252,7 @@ class EngineBuildSpec:
     resources: BuildResources = field(default_factory=BuildResources)
     model_size: str = ""
     credentials_secret: str = ""
+    quantization: str = "Auto"  # the service's spec.model.quantization: part of the key (engine_key)
 
 
 # ---------------------------------------------------------------- objects
@@ -444,6 +461,10 @@ class PlanSettings:
     build_retention_seconds: int = 3600  # an unreferenced EngineBuild is deleted this long after its last reference
     max_backoff_seconds: int = 600
     port: int = 8000
+    # The operator's own pods (namespace, labels), admitted by every service NetworkPolicy so the autoscaler can read
+    # the pods' /metrics; "" = not known (the chart always passes them).
+    scraper_namespace: str = ""
+    scraper_labels: tuple[tuple[str, str], ...] = ()
 
 
 DEFAULT_SETTINGS = PlanSettings()

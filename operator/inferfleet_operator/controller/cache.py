@@ -18,12 +18,18 @@ BUILDS = "build_index"  # namespace -> EngineBuild
 DEPLOYMENTS = "deployment_index"  # (namespace, service) -> Deployment
 SERVICE_OBJECTS = "k8s_service_index"  # (namespace, service) -> core Service
 PDBS = "pdb_index"  # (namespace, service) -> PodDisruptionBudget
+NETWORK_POLICIES = "network_policy_index"  # (namespace, service) -> NetworkPolicy
 JOBS = "job_index"  # (namespace, engine build) -> Job
 PODS = "pod_index"  # (namespace, engine build) -> Pod of a compile Job
 SERVICE_PODS = "service_pod_index"  # (namespace, service) -> serving Pod (findings.pod_view)
 CLAIMS = "claim_index"  # namespace -> PersistentVolumeClaim name
 
-CHILD_INDEXES = {"Deployment": DEPLOYMENTS, "Service": SERVICE_OBJECTS, "PodDisruptionBudget": PDBS}
+CHILD_INDEXES = {
+    "Deployment": DEPLOYMENTS,
+    "Service": SERVICE_OBJECTS,
+    "PodDisruptionBudget": PDBS,
+    "NetworkPolicy": NETWORK_POLICIES,
+}
 
 Key = tuple[str, str, str]  # (kind, namespace, name)
 

@@ -17,6 +17,7 @@ from inferfleet_operator.api.names import (
     BUILD_KIND,
     KINDS,
     POOL_LABEL,
+    REBUILD_ANNOTATION,
     SERVICE_KIND,
     UNREFERENCED_ANNOTATION,
 )
@@ -36,7 +37,8 @@ from inferfleet_operator.controller.recorder import EventRecorder, object_ref
 from inferfleet_operator.controller.settings import OperatorConfig
 from inferfleet_operator.kube.client import ApiError, Kube
 from inferfleet_operator.kube.diff import is_subset, needs_apply, with_applied_hash
-from inferfleet_operator.plan import builds, findings, planner
+from inferfleet_operator.plan import build_jobs, build_lifecycle, builds, findings, planner
+from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.service_status import pool_events
 
 logger = logging.getLogger("inferfleet_operator")
@@ -120,6 +122,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         await ctx.events.post(service, [warning("InvalidSpec", str(error))], "Plan")
         return None
 
+    await _request_rebuilds(ctx, service, plan.status.get("pools") or [], builds_by_key)
     owner = (SERVICE_KIND, namespace, name)
     planned = {(d["kind"], d["metadata"]["name"]) for d in plan.engine_builds + plan.children}
     # A refusal of an object the plan no longer has (the user changed the spec) is over.
@@ -159,7 +162,18 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     # children. One after the other, a first rollout held its work-queue slot for one round trip per
     # write (4–5 in a row). Refused writes of earlier reconciles are in the status, so a retry that is
     # refused alike writes no status.
-    status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+    # Children of the plan whose live namesake (labelled for this service) is not owned by it: never written.
+    uid = service["metadata"].get("uid", "")
+    not_owned: dict[tuple[str, str], findings.Finding] = {}
+    for desired in plan.children:
+        kind, child_name = desired["kind"], desired["metadata"]["name"]
+        index = CHILD_INDEXES.get(kind)
+        live = _find(cache.values(index, (namespace, name)), child_name) if index else None
+        if live is not None and not m.is_owned_by(live, uid):
+            pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
+            owner = f"InferenceService {namespace}/{name}"
+            not_owned[(kind, child_name)] = findings.not_owned_finding(kind, child_name, owner, pool)
+    status, events = _with_findings(ctx, service, plan, refused, builds_by_key, list(not_owned.values()))
     is_changed = not _same(status, service.get("status") or {})
     # The Events go out beside the writes: they are a person's record, never an input of a write, and
     # posting them after the writes held the reconcile's slot one more round trip per Event (at 200
@@ -193,18 +207,23 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
         for desired in plan.children:
             kind, child_name = desired["kind"], desired["metadata"]["name"]
             desired_names.setdefault(kind, set()).add(child_name)
+            if (kind, child_name) in not_owned:
+                continue
             index = CHILD_INDEXES.get(kind)
             live = _find(cache.values(index, (namespace, name)), child_name) if index else None
             pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
             writes.append(apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool))
         num_changes += await _all(writes)
 
-        # Children no longer planned are deleted once the planned ones are applied.
+        # Children no longer planned are deleted once the planned ones are applied; only those this service
+        # owns (by UID): an object that merely carries its labels is someone else's.
         stale = [
             (kind, child["metadata"])
             for kind, index in CHILD_INDEXES.items()
             for child in cache.values(index, (namespace, name))
-            if child["metadata"]["name"] not in desired_names[kind] and not child["metadata"].get("deletionTimestamp")
+            if child["metadata"]["name"] not in desired_names[kind]
+            and not child["metadata"].get("deletionTimestamp")
+            and m.is_owned_by(child, uid)
         ]
         num_changes += await _all([delete_child(kind, meta) for kind, meta in stale])
 
@@ -214,7 +233,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             else:
                 cache.refused.pop(owner, None)
             written = cache.fresher(SERVICE_KIND, indexed, namespace, name) or service
-            status, events = _with_findings(ctx, service, plan, refused, builds_by_key)
+            status, events = _with_findings(ctx, service, plan, refused, builds_by_key, list(not_owned.values()))
             if not _same(status, written.get("status") or {}):
                 cache.remember(await ctx.kube.apply_status(service, status))
                 num_changes += 1
@@ -225,6 +244,24 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     if failures:
         raise failures[0]  # retried by the work queue after its error delay (a backoff)
     return plan.requeue_after
+
+
+async def _request_rebuilds(ctx: Context, service: dict, pools: list[dict], builds_by_key: Mapping[str, dict]) -> None:
+    """Marks the builds whose engine this service's pods found lost (exit code 3): the build reconcile then
+    runs a new attempt, and meanwhile the pool is served as while any build runs (bridge or fallback)."""
+    if SERVICE_PODS not in ctx.cache.indices:
+        return
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    lost = findings.engine_lost_pods(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
+    if not lost:
+        return
+    for key, (job, pod) in sorted(build_lifecycle.rebuilds_for_lost_engines(pools, lost, dict(builds_by_key)).items()):
+        build = builds_by_key[key]
+        ctx.cache.remember(await ctx.kube.patch_metadata(build, annotations={REBUILD_ANNOTATION: job}))
+        logger.warning("Requested a rebuild of EngineBuild %s/%s: pod %s found the engine of Job %s lost",
+                       namespace, key, pod, job)  # fmt: skip
+        note = f"Pod {pod} found the engine of EngineBuild {key} (Job {job}) lost or damaged; rebuilding it"
+        await ctx.events.post(service, [warning(c.REASON_ENGINE_LOST, note)], "Reconcile")
 
 
 async def _all(writes: list) -> int:
@@ -249,6 +286,7 @@ def _with_findings(
     plan: planner.ServicePlan,
     refused: Mapping[tuple[str, str, str], str],
     builds_by_key: Mapping[str, dict],
+    extra: list[findings.Finding] = (),
 ) -> tuple[dict, list]:
     """The plan's status and Events with the failures a user must act on: refused writes, missing
     claims, what the service's pods report (unschedulable, model fetch failing) and what its
@@ -257,6 +295,7 @@ def _with_findings(
     found = [
         findings.apply_finding(kind, child, message, pool) for (kind, child, pool), message in sorted(refused.items())
     ]
+    found += list(extra)
     found += findings.build_findings(plan.status.get("pools") or [], builds_by_key)
     claims = ctx.cache.claims(namespace)
     if claims is not None:
@@ -266,7 +305,8 @@ def _with_findings(
             plan.status.get("pools") or [], claims, ctx.plan_settings.engine_cache_claim, namespace
         )
     if SERVICE_PODS in ctx.cache.indices:
-        found += findings.pods_findings(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
+        fields = findings.secret_fields(service.get("spec") or {})
+        found += findings.pods_findings(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL, fields)
     if not found:
         return plan.status, plan.events
     previous = service.get("status") or {}
@@ -297,6 +337,23 @@ def _find(objects: Iterable[dict], name: str) -> dict | None:
 
 
 # ------------------------------------------------------------------------- EngineBuild
+
+
+async def _prune_engine(ctx: Context, build: dict) -> None:
+    """Before a garbage-collected build goes, a Job removes its engine directory (--engine-gc delete). Only a
+    build that finished (Ready) has one, at <key>/<modelDigest>; a legacy build's <key> is left to an
+    administrator (content-addressed engines of the same key may live inside it)."""
+    status = build.get("status") or {}
+    digest = status.get("modelDigest") or ""
+    if ctx.config.engine_gc != "delete" or status.get("state") != "Ready" or not digest:
+        return
+    meta = build["metadata"]
+    job = build_jobs.prune_job_for(meta["namespace"], meta["name"], digest, build["spec"]["image"], ctx.plan_settings)
+    try:
+        await ctx.apply(job, None, force=False)
+    except ApiError as error:
+        if error.status != 409:  # 409: the Job exists already (an earlier GC of this key, within its TTL)
+            raise
 
 
 async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | None:
@@ -355,8 +412,11 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
         raise failure  # retried by the work queue after its error delay (a backoff)
 
     services = [s for s in cache.all_values(SERVICES) if s["metadata"].get("namespace") == namespace]
-    gc = builds.plan_gc(build, services, now, ctx.plan_settings)
+    gc = build_lifecycle.plan_gc(build, services, now, ctx.plan_settings)
+    if gc.delete and not m.is_managed(build):
+        return None  # an EngineBuild made by hand (without the operator's label) is its maker's to delete
     if gc.delete:
+        await _prune_engine(ctx, build)
         if await ctx.kube.delete(API_VERSION, BUILD_KIND, namespace, name, uid=build["metadata"].get("uid")):
             logger.info(
                 "Deleted EngineBuild %s/%s (unreferenced for longer than %ss)",

@@ -29,6 +29,11 @@ class OperatorConfig:
     autoscale_seconds: float = 15.0  # autoscaled services re-read their pods' metrics this often
     scrape_timeout_seconds: float = 2.0  # per pod /metrics request
     scrape_url_template: str = "http://{ip}:{port}/metrics"
+    # "delete": a garbage-collected EngineBuild's engine directory is removed by a prune Job; "keep": left on the claim.
+    engine_gc: str = "delete"
+    # Where the operator's pods run and their labels: every service NetworkPolicy admits them (the autoscaler).
+    scraper_namespace: str = ""
+    scraper_labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_clusterwide(self) -> bool:
@@ -39,7 +44,19 @@ class OperatorConfig:
             engine_cache_claim=self.engine_cache_claim,
             build_retention_seconds=self.build_retention_seconds,
             max_backoff_seconds=self.max_backoff_seconds,
+            scraper_namespace=self.scraper_namespace,
+            scraper_labels=self.scraper_labels,
         )
+
+
+def _labels(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for part in (p.strip() for p in text.split(",")):
+        key, sep, value = part.partition("=")
+        if not part or not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE,KEY=VALUE,..., got {text!r}")
+        pairs.append((key, value))
+    return tuple(sorted(pairs))
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -141,6 +158,29 @@ def build_parser(default_instance: str = _DEFAULTS["instance"]) -> argparse.Argu
         help="where a serving pod's /metrics is, from {ip} {port} {namespace} {pod} {pool} "
         "(tests point it at a stand-in on loopback)",
     )
+    _flag(
+        parser,
+        "engine_gc",
+        choices=["delete", "keep"],
+        help="delete: a garbage-collected EngineBuild's engine directory is removed by a prune Job; keep: it "
+        "stays on the engine cache claim",
+    )
+    _flag(
+        parser,
+        "scraper_namespace",
+        metavar="NAMESPACE",
+        help="the operator's own namespace, admitted by every service NetworkPolicy (spec.networkPolicy) so "
+        "the autoscaler can read the pods' /metrics; empty: none is admitted",
+        shown="none",
+    )
+    _flag(
+        parser,
+        "scraper_labels",
+        type=_labels,
+        metavar="K=V,...",
+        help="labels of the operator's pods, with --scraper-namespace",
+        shown="none",
+    )
     _flag(parser, "log_level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="how much the operator logs")
     return parser
 
@@ -159,4 +199,5 @@ def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConf
     values = {name: getattr(args, name) for name in _DEFAULTS}
     values["namespaces"] = tuple(args.namespaces or _DEFAULTS["namespaces"])
     values["error_delays"] = tuple(args.error_delays)
+    values["scraper_labels"] = tuple(args.scraper_labels)
     return OperatorConfig(**values)

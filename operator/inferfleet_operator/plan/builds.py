@@ -1,8 +1,9 @@
-"""plan_build: one EngineBuild × its Jobs -> the Job for the current attempt, its status and when to look again; plus GC."""
+"""plan_build: one EngineBuild × its Jobs -> the Job for the current attempt, its status and when to look again."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -12,13 +13,17 @@ from inferfleet_operator.api.names import (
     API_VERSION,
     ATTEMPT_ANNOTATION,
     BUILD_KIND,
+    COMPONENT_LABEL,
     JOB_NAME_LABEL,
     PROGRESS_ANNOTATION,
-    UNREFERENCED_ANNOTATION,
+    REBUILD_ANNOTATION,
 )
 from inferfleet_operator.api.types import DEFAULT_SETTINGS, PlanSettings, SpecError, parse_build
 from inferfleet_operator.plan import findings as f
 from inferfleet_operator.plan import manifests as m
+from inferfleet_operator.plan.build_jobs import PRUNER_COMPONENT, compile_job_for
+from inferfleet_operator.plan.build_lifecycle import attempt_of
+from inferfleet_operator.plan.engine_key import spec_key
 
 
 @dataclass
@@ -108,6 +113,24 @@ def _result(pods: list[dict]) -> dict:
     return {}
 
 
+PRUNE_RECHECK_SECONDS = 30.0  # a build waiting for a prune Job looks again this often (besides the Job's events)
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def content_status(result: dict, key: str, settings: PlanSettings) -> dict:
+    """What the compile container reported of the model it compiled: modelDigest (the digest of its content
+    manifest, which names the engine's directory under its key) and resolvedRevision (the hub commit). A value
+    not of its form is ignored: the message is the pod's to write, and the digest becomes a path."""
+    digest, commit = result.get("modelDigest"), result.get("modelCommit")
+    out = {}
+    if isinstance(digest, str) and _DIGEST.match(digest):
+        out.update(modelDigest=digest, artifactPath=m.engine_dir(settings, key, digest))
+    if isinstance(commit, str) and _COMMIT.match(commit):
+        out["resolvedRevision"] = commit
+    return out
+
+
 def _progress(job: dict, pods: list[dict]) -> str:
     for obj in [job] + pods:
         value = ((obj.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
@@ -117,6 +140,12 @@ def _progress(job: dict, pods: list[dict]) -> str:
     if "Running" in phases:
         return "compiling"
     return "waiting for a pod" if not pods or "Pending" in phases else "finishing"
+
+
+def _is_unsupported(job: dict) -> bool:
+    """The Job was failed by its pod failure policy's FailJob rule: a container exited 2 (bad input)."""
+    cond = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
+    return (cond or {}).get("reason") == "PodFailurePolicy"
 
 
 def _failed_at(job: dict) -> datetime | None:
@@ -141,11 +170,14 @@ def plan_build(
 ) -> BuildPlan:
     """Plan one EngineBuild.
 
-    build: the EngineBuild as read. jobs: the Jobs labelled inferfleet.dev/engine-build=<name> (any order).
+    build: the EngineBuild as read. jobs: the Jobs labelled inferfleet.dev/engine-build=<name> (any order); only
+    those whose ownerReferences name the build's UID count.
     pods: optional, the pods of those Jobs (termination messages and progress annotations are read from
     them when given). At most spec.maxAttempts Jobs are ever created; attempt n+1 starts no earlier than
     backoffSeconds * 2**(n-1) (capped at settings.max_backoff_seconds) after attempt n failed. Attempts are
-    counted from the Jobs that exist (level-triggered: a Job deleted by hand is simply re-run).
+    counted from the Jobs that exist (level-triggered: the Job of a running attempt deleted by hand is simply
+    re-run); once the build is Ready or Failed, its outcome stands when its Jobs are deleted (their TTL), so a
+    Failed build is tried again by deleting the EngineBuild.
     claims: when given, the PersistentVolumeClaims of the build's namespace: a Job that mounts a missing
     one is not created (ClaimNotFound) until the claim exists, so its deadline does not run meanwhile.
     apply_error: the API server's message for the last refused create of the Job to create (ApplyFailed).
@@ -163,9 +195,36 @@ def plan_build(
     except SpecError as error:
         status = {"state": "Failed", "attempts": 0, "failureReason": str(error), "message": str(error)}
         return _finish(status, previous, prev_conditions, now, generation, None, None)
+    expected = spec_key(spec)
+    if expected != spec.engine_key or name != spec.engine_key:
+        text = (
+            f"spec does not hash to its key: engineKey {spec.engine_key!r} (name {name!r}), the spec's hash is "
+            f"{expected!r}; nothing is built"
+        )
+        status = {"state": "Failed", "attempts": 0, "failureReason": text, "message": text}
+        return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_KEY_MISMATCH)
 
-    jobs = sorted((j for j in jobs if _attempt(j) > 0), key=_attempt)
-    attempts = _attempt(jobs[-1]) if jobs else 0
+    pruning = [
+        j for j in jobs
+        if ((j.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == PRUNER_COMPONENT
+        and _outcome(j) == "running"
+    ]  # fmt: skip
+    if pruning and previous.get("state") != "Ready":
+        # An earlier EngineBuild of this key was garbage-collected and its engine is being removed: a Job started
+        # now would write into the directory being removed. Its Job's events bring the build back here.
+        text = f"waiting for Job {pruning[0]['metadata']['name']} to remove the previous engine of this key"
+        status = {"state": "Pending", "attempts": 0, "progress": "waiting for a prune", "message": text}
+        return _finish(status, previous, prev_conditions, now, generation, None, PRUNE_RECHECK_SECONDS)
+    # Counted by owner UID: a Job that merely carries the build's labels (made by hand, or left by an earlier
+    # EngineBuild of the same name) is neither an attempt nor ever written.
+    foreign = {(j.get("metadata") or {}).get("name") for j in jobs if not m.is_owned_by(j, uid)}
+    jobs = sorted((j for j in jobs if _attempt(j) > 0 and m.is_owned_by(j, uid)), key=_attempt)
+    # A serving pod found the engine of attempt `lost` gone or damaged (REBUILD_ANNOTATION): that attempt and
+    # those before it no longer count as the outcome, and the next attempt rebuilds; numbering goes on, and
+    # maxAttempts bounds the attempts of all rounds together (an engine lost after every build ends Failed).
+    lost = attempt_of(((meta.get("annotations") or {}).get(REBUILD_ANNOTATION)) or "")
+    attempts = max(_attempt(jobs[-1]) if jobs else 0, lost)
+    jobs = [j for j in jobs if _attempt(j) > lost]
     status = {
         "attempts": attempts,
         "maxAttempts": spec.max_attempts,
@@ -174,7 +233,7 @@ def plan_build(
     owner = m.owner_reference(API_VERSION, BUILD_KIND, name, uid)
 
     def new_job(attempt: int) -> dict:
-        job = m.compile_job_for(name, namespace, spec, attempt, settings)
+        job = compile_job_for(name, namespace, spec, attempt, settings)
         job["metadata"]["ownerReferences"] = [owner]
         return job
 
@@ -184,6 +243,13 @@ def plan_build(
         if missing:  # the Job would only wait (and burn its deadline): create it once the claim exists
             status.update(state="Pending", progress="waiting for a claim", message=missing[0].text)
             return _finish(status, previous, prev_conditions, now, generation, None, None, missing[0].reason)
+        if job["metadata"]["name"] in foreign:
+            text = (
+                f"Job {namespace}/{job['metadata']['name']} exists and is not owned by this EngineBuild: it is left "
+                "alone; delete it to let the build run"
+            )
+            status.update(state="Pending", progress="job name taken", message=text)
+            return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_NOT_OWNED)
         status.update(attempts=attempt, state="Pending", currentJob=job["metadata"]["name"], progress="job created",
                       message=message)  # fmt: skip
         if apply_error:
@@ -207,8 +273,23 @@ def plan_build(
             status["durationSeconds"] = int((end - start).total_seconds())
         if isinstance(result.get("artifactSizeBytes"), int):
             status["artifactSizeBytes"] = result["artifactSizeBytes"]
+        status.update(content_status(result, spec.engine_key, settings))
         return _finish(status, previous, prev_conditions, now, generation, None, None)
 
+    is_kept = int(previous.get("attempts") or 0) > lost and attempt_of(previous.get("currentJob") or "") > lost
+    if not jobs and previous.get("state") in ("Ready", "Failed") and is_kept:
+        # The finished Jobs were deleted (ttlSecondsAfterFinished, or by hand): the outcome stands.
+        kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
+        reason = (prev_conditions.get(c.BUILT) or {}).get("reason", "")
+        return _finish(
+            kept, previous, prev_conditions, now, generation, None, None, reason if reason in f.ORDER else ""
+        )
+    if not jobs and lost:
+        if attempts >= spec.max_attempts:
+            text = f"the engine of attempt {lost} was lost and all {spec.max_attempts} attempt(s) are used"
+            status.update(state="Failed", progress="failed", failureReason=text, message=text)
+            return _finish(status, previous, prev_conditions, now, generation, None, None)
+        return create(attempts + 1, f"the engine of attempt {lost} was lost; attempt {attempts + 1} rebuilds it")
     if not jobs:
         return create(1, "attempt 1 starting")
 
@@ -238,6 +319,9 @@ def plan_build(
         return _finish(status, previous, prev_conditions, now, generation, None, None, deadline[0].reason)
     reason = _failure_reason(latest, job_pods)
     status["failureReason"] = reason
+    if _is_unsupported(latest):  # exit code 2 (pod failure policy): the same input fails the same way again
+        status.update(state="Failed", progress="failed", message=f"attempt {attempts} refused its input: {reason}")
+        return _finish(status, previous, prev_conditions, now, generation, None, None)
     if attempts >= spec.max_attempts:
         status.update(state="Failed", progress="failed", message=f"all {attempts} attempt(s) failed; last: {reason}")
         return _finish(status, previous, prev_conditions, now, generation, None, None)
@@ -293,45 +377,3 @@ def _finish(status, previous, prev_conditions, now, generation, job, requeue_aft
                 )
             )
     return BuildPlan(job=job, status=status, requeue_after=requeue_after, events=events)
-
-
-# ------------------------------------------------------------------ garbage collection
-
-
-@dataclass(frozen=True)
-class GcDecision:
-    """delete: the build is unreferenced for longer than the retention; requeue_after: when to look again;
-    unreferenced_since: RFC 3339 time to record (annotation inferfleet.dev/unreferenced-since), or None when
-    the build is referenced (remove the annotation if present)."""
-
-    delete: bool
-    requeue_after: float | None
-    unreferenced_since: str | None
-
-
-def referencing_services(build: dict, services: list[dict]) -> list[str]:
-    """Names of the services (of the build's namespace) whose status lists the build as built-for or serving."""
-    meta = build.get("metadata") or {}
-    name, namespace = meta.get("name"), meta.get("namespace")
-    found = []
-    for svc in services:
-        svc_meta = svc.get("metadata") or {}
-        if svc_meta.get("namespace") != namespace:
-            continue
-        pools = (svc.get("status") or {}).get("pools") or []
-        if any(name in (p.get("engineBuild"), p.get("servingEngineBuild")) for p in pools):
-            found.append(svc_meta.get("name", ""))
-    return sorted(found)
-
-
-def plan_gc(build: dict, services: list[dict], now: datetime, settings: PlanSettings = DEFAULT_SETTINGS) -> GcDecision:
-    """Decide whether an EngineBuild is garbage: referenced means some InferenceService of its namespace lists
-    it in status.pools[].engineBuild or status.pools[].servingEngineBuild."""
-    if referencing_services(build, services):
-        return GcDecision(False, None, None)
-    annotations = (build.get("metadata") or {}).get("annotations") or {}
-    since = parse_time(annotations.get(UNREFERENCED_ANNOTATION)) or now
-    expires = since + timedelta(seconds=settings.build_retention_seconds)
-    if now >= expires:
-        return GcDecision(True, None, format_time(since))
-    return GcDecision(False, (expires - now).total_seconds(), format_time(since))

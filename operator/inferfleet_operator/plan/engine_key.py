@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from inferfleet_operator.api.types import EngineEnvelope, from_dict, to_dict
+from inferfleet_operator.api.types import EngineBuildSpec, EngineEnvelope, from_dict, to_dict
 
 KEY_LENGTH = 16  # hex characters (64 bits): an EngineBuild's name
 
@@ -51,3 +51,21 @@ def engine_key(
     """sha256 of the canonical JSON, first KEY_LENGTH hex digits."""
     text = canonical_form(model_uri, revision, envelope, architecture, runtime_image, quantization)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+
+
+def runtime_identity(compile_image: str, image: str) -> str:
+    """What the engine depends on besides model and envelope: the compiler and the server that loads it."""
+    return f"compile={compile_image};serve={image}"
+
+
+def spec_key(spec: EngineBuildSpec) -> str:
+    """The key an EngineBuild's spec hashes to; a build whose spec.engineKey differs is refused (KeyMismatch):
+    its name would promise one engine and its Job would build another."""
+    return engine_key(
+        spec.model_uri,
+        spec.revision,
+        spec.envelope,
+        spec.architecture,
+        runtime_identity(spec.compile_image, spec.image),
+        spec.quantization,
+    )

@@ -12,7 +12,10 @@ from inferfleet_operator.api import conditions as c
 # blocks everything first, then what blocks one pod.
 ORDER = (
     c.REASON_APPLY_FAILED,
+    c.REASON_NOT_OWNED,
+    c.REASON_KEY_MISMATCH,
     c.REASON_CLAIM_NOT_FOUND,
+    c.REASON_SECRET_NOT_FOUND,
     c.REASON_DEADLINE_EXCEEDED,
     c.REASON_INSUFFICIENT_RESOURCE,
     c.REASON_UNSCHEDULABLE,
@@ -25,6 +28,9 @@ SERVER_CONTAINER = "server"  # the serving container of every pool's pods
 
 _INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
 _CLAIM_NOT_FOUND = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
+# The kubelet's words when a container's secretKeyRef / envFrom names a Secret or key that is not there.
+_SECRET_NOT_FOUND = re.compile(r'secret "([^"]+)" not found', re.IGNORECASE)
+_SECRET_KEY_NOT_FOUND = re.compile(r"couldn't find key (\S+) in Secret [^/\s]+/(\S+)")
 
 
 @dataclass(frozen=True, order=True)
@@ -54,7 +60,9 @@ def last_line(text: str | None) -> str:
 def pod_view(pod: Mapping) -> dict:
     """What findings read from a Pod (for an index: no spec, no managed fields)."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    keep_meta = {k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp") if k in meta}
+    keep_meta = {
+        k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp", "creationTimestamp") if k in meta
+    }
 
     def statuses(key: str) -> list[dict]:
         return [
@@ -75,10 +83,34 @@ def pod_view(pod: Mapping) -> dict:
     }
 
 
-def pod_findings(pod: Mapping, pool_label: str = "") -> list[Finding]:
-    """Why a pod cannot run: unschedulable (for a named resource, a missing claim, or otherwise), an init
-    container (the model fetch) that exited non-zero, or the serving container that did (e.g. `serve` refusing a
-    model it cannot serve), each with its exit code and the last line of its termination message."""
+def _secret_finding(status: Mapping, namespace: str, subject: str, pool: str, fields: Mapping[str, str]):
+    """A container that cannot start because a Secret it takes by reference (or the key it names) is missing:
+    the kubelet holds it in CreateContainerConfigError. Read from the pod's status, so the operator needs no
+    right on Secrets and never sees one. fields: Secret name -> the spec field that names it."""
+    state = (status.get("state") or {}).get("waiting") or {}
+    if state.get("reason") != "CreateContainerConfigError":
+        return None
+    message = state.get("message") or ""
+    missing_key = _SECRET_KEY_NOT_FOUND.search(message)
+    missing = _SECRET_NOT_FOUND.search(message)
+    if missing_key:
+        key, secret = missing_key.group(1), missing_key.group(2)
+        what = f"Secret {secret} has no key {key}"
+    elif missing:
+        secret = missing.group(1)
+        what = f"Secret {secret} not found in namespace {namespace}"
+    else:
+        return None
+    named_by = f" (named by {fields[secret]})" if secret in fields else ""
+    text = f"{what}{named_by}: container {status.get('name', '')} waits until it exists"
+    return Finding(c.REASON_SECRET_NOT_FOUND, subject, text, pool)
+
+
+def pod_findings(pod: Mapping, pool_label: str = "", secret_fields: Mapping[str, str] | None = None) -> list[Finding]:
+    """Why a pod cannot run: unschedulable (for a named resource, a missing claim, or otherwise), a Secret it
+    takes by reference missing, an init container (the model fetch) that exited non-zero, or the serving
+    container that did (e.g. `serve` refusing a model it cannot serve), each with its exit code and the last
+    line of its termination message."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     if meta.get("deletionTimestamp"):
         return []
@@ -116,6 +148,10 @@ def pod_findings(pod: Mapping, pool_label: str = "") -> list[Finding]:
         ("containerStatuses", c.REASON_SERVER_FAILED),
     ):
         for cs in status.get(key) or []:
+            secret = _secret_finding(cs, meta.get("namespace", ""), subject, pool, secret_fields or {})
+            if secret is not None:
+                found.append(secret)
+                continue
             if key == "containerStatuses" and cs.get("name") != SERVER_CONTAINER:
                 continue  # a compile Job's container failing is its build's failure (BuildFailed), not this
             term = _last_exit(cs)
@@ -140,12 +176,14 @@ def _last_exit(status: Mapping) -> Mapping:
     return state.get("terminated") or ((status.get("lastState") or {}).get("terminated") if waiting else None) or {}
 
 
-def pods_findings(pods: Iterable[Mapping], pool_label: str = "") -> list[Finding]:
+def pods_findings(
+    pods: Iterable[Mapping], pool_label: str = "", secret_fields: Mapping[str, str] | None = None
+) -> list[Finding]:
     """Every pod's findings, one per (reason, message, pool) naming each pod it applies to: the
     replicas of one pool usually fail alike."""
     names: dict[tuple[str, str, str], list[str]] = {}
     for pod in pods:
-        for found in pod_findings(pod, pool_label):
+        for found in pod_findings(pod, pool_label, secret_fields):
             names.setdefault((found.reason, found.message, found.pool), []).append(found.subject.removeprefix("pod "))
     return sorted(
         Finding(reason, f"pod{'s' if len(subjects) > 1 else ''} {', '.join(sorted(subjects))}", message, pool)
@@ -254,6 +292,13 @@ def apply_finding(kind: str, name: str, message: str, pool: str = "") -> Finding
     return Finding(c.REASON_APPLY_FAILED, f"{kind} {name}", f"refused by the API server: {_cut(message, 600)}", pool)
 
 
+def not_owned_finding(kind: str, name: str, owner: str, pool: str = "") -> Finding:
+    """An object the operator would write exists, carries its labels, and is not owned by `owner`: it is never
+    overwritten nor deleted."""
+    message = f"exists and is not owned by {owner}: left alone; delete or rename it to let the operator create its own"
+    return Finding(c.REASON_NOT_OWNED, f"{kind} {name}", message, pool)
+
+
 def _rank(finding: Finding) -> tuple:
     return (ORDER.index(finding.reason) if finding.reason in ORDER else len(ORDER), finding)
 
@@ -307,3 +352,34 @@ def degraded_status(status: dict, findings: Iterable[Finding], previous: dict[st
             pools.append(entry)
         out["pools"] = pools
     return out
+
+
+def secret_fields(spec: Mapping) -> dict[str, str]:
+    """An InferenceService spec's Secret names -> the field naming each (for the findings' messages)."""
+    fields = {}
+    credentials = (spec.get("model") or {}).get("credentialsSecret")
+    if credentials:
+        fields[credentials] = "spec.model.credentialsSecret"
+    api_keys = ((spec.get("auth") or {}).get("apiKeySecret") or {}).get("name")
+    if api_keys:
+        fields[api_keys] = "spec.auth.apiKeySecret"
+    return fields
+
+
+# `serve --engine-dir` exits so when the engine is missing or damaged (inferfleet_runtime.compiled.manifest).
+ENGINE_LOST_EXIT_CODE = 3
+
+
+def engine_lost_pods(pods: Iterable[Mapping], pool_label: str) -> list[tuple[str, str, str]]:
+    """(pool, pod name, pod creationTimestamp) of every serving pod whose server container last exited with
+    ENGINE_LOST_EXIT_CODE: its compiled engine directory is gone or damaged."""
+    found = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        for cs in status.get("containerStatuses") or []:
+            if cs.get("name") == SERVER_CONTAINER and int(_last_exit(cs).get("exitCode") or 0) == ENGINE_LOST_EXIT_CODE:
+                pool = (meta.get("labels") or {}).get(pool_label, "")
+                found.append((pool, meta.get("name", ""), meta.get("creationTimestamp") or ""))
+    return sorted(found)

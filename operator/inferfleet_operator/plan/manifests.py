@@ -7,9 +7,7 @@ from dataclasses import dataclass
 
 from inferfleet_operator.api.names import (
     API_VERSION,
-    ATTEMPT_ANNOTATION,
     BUILD_KIND,
-    BUILD_LABEL,
     COMPONENT_LABEL,
     ENGINE_KEY_ANNOTATION,
     ENGINE_KEY_LABEL,
@@ -18,6 +16,7 @@ from inferfleet_operator.api.names import (
     MANAGED_BY_LABEL,
     MANAGER,
     NAME_LABEL,
+    NAMESPACE_NAME_LABEL,
     POOL_LABEL,
     REF_LABEL_PREFIX,
     RUNTIME_ANNOTATION,
@@ -74,6 +73,17 @@ class PoolServing:
     engine_key: str  # the compiled engine served ("" when paged)
     replicas: int
     gpu_resource: str  # "" for cpu pools
+    model_digest: str = ""  # the served build's model content digest ("" for builds made before content addressing)
+
+
+def engine_dir(settings: PlanSettings, key: str, model_digest: str = "") -> str:
+    """Where a compiled engine lives in the engine cache: <mount>/<key>/<model digest>, or <mount>/<key> for an
+    engine built before its directory was addressed by the model's content."""
+    return (
+        f"{settings.engine_cache_mount}/{key}/{model_digest}"
+        if model_digest
+        else f"{settings.engine_cache_mount}/{key}"
+    )
 
 
 # ------------------------------------------------------------------ pod pieces
@@ -197,17 +207,6 @@ def _node_name_terms(node_names) -> list[dict]:
     return [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in node_names]
 
 
-def _envelope_args(envelope) -> list[str]:
-    """The envelope as `inferfleet-runtime compile` spells it."""
-    return [
-        "--max-context-length", str(envelope.max_context_length),
-        "--max-batch-size", str(envelope.max_batch_size),
-        "--dtype", envelope.dtype,
-        "--tensor-parallel-size", str(envelope.tensor_parallel_size),
-        "--block-size", str(envelope.block_size),
-    ]  # fmt: skip
-
-
 def _serve_limit_args(envelope) -> list[str]:
     """The envelope as `inferfleet-runtime serve` (paged) spells it; the tensor-parallel size where it is over 1."""
     args = [
@@ -259,8 +258,8 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]
     init_containers = []
     if serving.engine == "Compiled":
-        engine_dir = f"{settings.engine_cache_mount}/{serving.engine_key}"
-        args = ["serve", "--engine-dir", engine_dir, "--engine", "compiled"]
+        directory = engine_dir(settings, serving.engine_key, serving.model_digest)
+        args = ["serve", "--engine-dir", directory, "--engine", "compiled"]
         volumes.append(
             {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}}
         )
@@ -349,6 +348,38 @@ def service_for(service: InferenceService, settings: PlanSettings) -> dict:
     }
 
 
+def network_policy_for(service: InferenceService, settings: PlanSettings) -> dict:
+    """Ingress to the serving pods' port only from spec.networkPolicy.allow and the operator's own pods (the
+    autoscaler reads /metrics there); other ports and every other peer are refused. Egress is not restricted.
+    The kubelet's probes come from the node and are not subject to it on the common network plugins."""
+    namespace = service.meta.namespace
+    peers = [
+        {
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: peer.namespace or namespace}},
+            "podSelector": {"matchLabels": dict(sorted(peer.pod_labels.items()))} if peer.pod_labels else {},
+        }
+        for peer in service.spec.network_policy.allow
+    ]
+    if settings.scraper_namespace:
+        peers.append(
+            {
+                "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: settings.scraper_namespace}},
+                "podSelector": {"matchLabels": dict(sorted(settings.scraper_labels))},
+            }
+        )
+    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": settings.port}]}] if peers else []
+    return {
+        "apiVersion": KINDS["NetworkPolicy"].api_version,
+        "kind": "NetworkPolicy",
+        "metadata": {"name": service.meta.name, "namespace": namespace, "labels": common_labels(service.meta.name)},
+        "spec": {
+            "podSelector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
 def endpoint_for(service: InferenceService, settings: PlanSettings) -> str:
     return f"http://{service.meta.name}.{service.meta.namespace}.svc:{settings.port}/v1"
 
@@ -386,78 +417,17 @@ def engine_build_for(namespace: str, spec: EngineBuildSpec | dict, references: l
     }
 
 
-def compile_backend(vendor: str) -> str:
-    return "tensorrt" if vendor == "nvidia" else "aotinductor"
+def is_owned_by(obj: dict, uid: str) -> bool:
+    """True when obj names `uid` among its ownerReferences. Labels say what an object is about, anyone can set
+    them; an owner reference with the owner's UID is what the operator itself wrote (or the object's creator
+    meant), so only such objects are counted, overwritten or deleted."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(ref.get("uid") == uid for ref in refs)
 
 
-def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: int, settings: PlanSettings) -> dict:
-    """The Job of one attempt of a build. backoffLimit 0: retries are EngineBuild attempts, each its own Job."""
-    job_name = bounded_name(name, str(attempt))
-    labels = common_labels() | {BUILD_LABEL: name, ENGINE_KEY_LABEL: spec.engine_key, COMPONENT_LABEL: "compiler"}
-    annotations = {ATTEMPT_ANNOTATION: str(attempt)}
-    model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings, spec.model_size)
-    out = f"{settings.engine_cache_mount}/{spec.engine_key}"
-    args = ["compile", "--model", model_dir, "--out", out, "--backend", compile_backend(spec.vendor)]
-    args += _envelope_args(spec.envelope) + [
-        "--engine-key",
-        spec.engine_key,
-        "--target-architecture",
-        spec.architecture,
-    ]
-    limits = {"memory": spec.resources.memory}
-    if spec.gpu_resource:
-        limits[spec.gpu_resource] = str(spec.gpus)
-    requests = _with_model_storage(
-        {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model_size, bool(fetches)
-    )
-    container = {
-        "name": "compile",
-        "image": spec.compile_image,
-        "command": ["inferfleet-runtime"],
-        "args": args,
-        "env": _env(),
-        "resources": {"requests": requests, "limits": limits},
-        "securityContext": _container_security(),
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [
-            {"name": "model", "mountPath": settings.model_mount, "readOnly": not fetches},
-            {"name": "engines", "mountPath": settings.engine_cache_mount},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-    }
-    pod_spec = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": _pod_security(),
-        "containers": [container],
-        "volumes": [
-            model_volume,
-            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-    }
-    if fetches:
-        pod_spec["initContainers"] = [
-            _fetch_container(spec.compile_image, a, settings, spec.credentials_secret) for a in fetches
-        ]
-    if spec.placement.node_names:
-        terms = _node_name_terms(spec.placement.node_names)
-        pod_spec["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
-        }
-    if spec.placement.tolerations:
-        pod_spec["tolerations"] = _tolerations(spec.placement.tolerations)
-    return {
-        "apiVersion": KINDS["Job"].api_version,
-        "kind": "Job",
-        "metadata": {"name": job_name, "namespace": namespace, "labels": labels, "annotations": annotations},
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": spec.deadline_seconds,
-            "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
-        },
-    }
+def is_managed(obj: dict) -> bool:
+    """True when obj carries the operator's managed-by label (EngineBuilds are shared, so they have no owner)."""
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER
 
 
 def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict:

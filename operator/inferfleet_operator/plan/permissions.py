@@ -24,6 +24,7 @@ PERMISSIONS: list[dict] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": _APPLIED},
     {"apiGroups": [""], "resources": ["services"], "verbs": _APPLIED},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _APPLIED},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _APPLIED},
     # Compile Jobs of EngineBuilds; the operator's pods (compile and serving: termination messages,
     # scheduling failures, failed model fetches) and the claims pods mount (a missing one is reported).
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _APPLIED},

@@ -21,7 +21,7 @@ from inferfleet_operator.api.types import (
 )
 from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.choice import Excluded, PoolChoice, choose_runtimes, placement_tier, restrict_pool
-from inferfleet_operator.plan.engine_key import engine_key
+from inferfleet_operator.plan.engine_key import engine_key, runtime_identity
 from inferfleet_operator.plan.manifests import PoolServing
 from inferfleet_operator.plan.pool_decision import decide_pool
 from inferfleet_operator.plan.pools import Pool, group_pools
@@ -37,7 +37,7 @@ class ServicePlan:
 
     engine_builds: desired EngineBuild objects (full manifests: apiVersion, kind, metadata, spec), one per
         engine key some pool of this service needs now (the one being built and, during an envelope change,
-        the one still serving). Apply them; never delete builds from here (GC is by reference, builds.plan_gc).
+        the one still serving). Apply them; never delete builds from here (GC is by reference, build_lifecycle.plan_gc).
     children: desired Deployments (one per serving pool), the Service and the PodDisruptionBudget, with
         ownerReferences to the InferenceService. Children labelled inferfleet.dev/service=<name> that are
         not in this list are stale and should be deleted.
@@ -168,8 +168,7 @@ def excluded_nodes_status(excluded: tuple[tuple[str, str], ...]) -> dict:
 
 
 def _runtime_identity(runtime: InferenceRuntime) -> str:
-    """What the engine depends on besides model and envelope: the compiler and the server that loads it."""
-    return f"compile={runtime.spec.compile_image};serve={runtime.spec.image}"
+    return runtime_identity(runtime.spec.compile_image, runtime.spec.image)
 
 
 def _build_state(build: dict | None) -> str:
@@ -229,6 +228,7 @@ def _build_spec(
         resources=spec.build.resources,
         model_size=spec.model.size,
         credentials_secret=spec.model.credentials_secret,
+        quantization=spec.model.quantization,
     )
 
 
@@ -289,7 +289,8 @@ def _plan_pool(
     # A compiled pool served paged (bridge, fallback) runs its paged companion.
     runtime = choice.runtime if decision.engine == choice.engine else choice.paged_runtime
     gpu_resource = "" if pool.vendor == "cpu" else (runtime.spec.gpu_resource or pool.gpu_resource)
-    serving = PoolServing(pool, runtime, decision.engine, decision.engine_key, replicas, gpu_resource)
+    digest = ((builds.get(decision.engine_key) or {}).get("status") or {}).get("modelDigest", "")
+    serving = PoolServing(pool, runtime, decision.engine, decision.engine_key, replicas, gpu_resource, digest)
     return entry, serving, decision.build_keys
 
 
@@ -333,6 +334,8 @@ def plan_service_in(
             children.append(m.deployment_for_pool(service, serving, settings))
         entries.append(entry)
     children += [m.service_for(service, settings), m.pdb_for(service)]
+    if spec.network_policy is not None:
+        children.append(m.network_policy_for(service, settings))
     for child in children:
         child["metadata"]["ownerReferences"] = [owner]
 

@@ -3,7 +3,8 @@
 Progress goes to stdout as `progress stage=<stage> percent=<0..100>` lines; the last line on success is
 `built engine=<key> dir=<out> seconds=<s>`. In a Kubernetes container (where the kubelet provides
 /dev/termination-log, or $INFERFLEET_TERMINATION_LOG names a file) the result is also written there for
-the operator: a JSON object ({"artifactSizeBytes": ...}) on success, the one error line on failure.
+the operator: a JSON object ({"artifactSizeBytes": ..., "modelDigest": ...}) on success, the one error line on
+failure. With --content-addressed the engine goes to OUT/<model digest> (inferfleet_runtime.model_content).
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="refuse to build unless this machine is it (sm90, gfx942, amd64/cpu-x86_64, ...)",
     )
+    parser.add_argument(
+        "--content-addressed",
+        action="store_true",
+        help="write the engine to OUT/<digest of the model's content manifest> (names, sizes, sha256, hub commit)",
+    )
     parser.add_argument("--device", default=None, help="torch device to build on (default: the first GPU, else cpu)")
 
 
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     from inferfleet_runtime.config import ConfigError
     from inferfleet_runtime.device import pick_device
+    from inferfleet_runtime.model_content import content_digest, content_manifest
     from inferfleet_runtime.models import read_config_dir
 
     from .backends import BackendUnavailable, get_backend
@@ -76,6 +83,14 @@ def run(args: argparse.Namespace) -> int:
     model_dir, out_dir = Path(args.model), Path(args.out)
     if not (model_dir / "config.json").is_file():
         return _fail(f"{model_dir} is not a model directory (no config.json)")
+    model_digest, model_commit = "", ""
+    if args.content_addressed:
+        try:
+            content = content_manifest(model_dir)
+        except ValueError as exc:
+            return _fail(str(exc))
+        model_digest, model_commit = content_digest(content), content["commit"]
+        out_dir = out_dir / model_digest
     try:
         device = pick_device(args.device)
         model_config = read_config_dir(model_dir)
@@ -110,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"progress stage={stage} percent={percent}", flush=True)
 
     try:
-        manifest = build_engine(model_dir, out_dir, envelope, backend, device, args.engine_key, progress)
+        manifest = build_engine(
+            model_dir, out_dir, envelope, backend, device, args.engine_key, progress, model_digest, model_commit
+        )
     except Exception as exc:  # the build itself failed: say why in one line, keep the trace for the Job's log
         traceback.print_exc(file=sys.stderr)
         return _fail(f"build failed: {type(exc).__name__}: {exc}", code=1)
@@ -124,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
                 "buildSeconds": manifest.build_seconds,
                 "backend": manifest.backend,
                 "targetArchitecture": manifest.target_architecture,
+                "modelDigest": model_digest,
+                "modelCommit": model_commit,
             }
         )
     )

@@ -25,12 +25,14 @@ from inferfleet_runtime.loader import load_model
 from .backends import get_backend
 from .envelope import Envelope
 from .manifest import (
+    EngineMismatch,
     GraphEntry,
     Manifest,
     device_architecture,
     file_checksums,
     library_versions,
     read_manifest,
+    verify_checksums,
     write_manifest,
 )
 from .step import StaticStep, example_inputs
@@ -80,15 +82,18 @@ def build_engine(
     device: torch.device,
     engine_key: str | None = None,
     progress: Progress = lambda stage, percent: None,
+    model_digest: str = "",
+    model_commit: str = "",
 ) -> Manifest:
-    """Builds the engine into out_dir (kept as is when it already holds an engine with this key)."""
+    """Builds the engine into out_dir (kept as is when it already holds an engine with this key). model_digest and
+    model_commit (model_content) are recorded in the manifest."""
     backend = get_backend(backend_name)
     backend.check_available(device)
     architecture = device_architecture(device)
     engine_key = engine_key or default_engine_key(model_dir, envelope, backend_name, architecture)
     if (out_dir / "manifest.json").is_file():
         existing = read_manifest(out_dir)
-        if existing.engine_key == engine_key:
+        if existing.engine_key == engine_key and _is_intact(out_dir, existing):
             progress("done", 100)
             return existing
     started = time.monotonic()
@@ -121,6 +126,9 @@ def build_engine(
             started,
             progress,
         )
+        if model_digest or model_commit:
+            manifest.model_digest, manifest.model_commit = model_digest, model_commit
+            write_manifest(staging, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -137,6 +145,15 @@ def build_engine(
         manifest = read_manifest(out_dir)
     progress("done", 100)
     return manifest
+
+
+def _is_intact(out_dir: Path, manifest: Manifest) -> bool:
+    """An engine kept by a rebuild must still match its checksums: a rebuild after a damaged engine replaces it."""
+    try:
+        verify_checksums(out_dir, manifest)
+    except EngineMismatch:
+        return False
+    return True
 
 
 def _build_into(

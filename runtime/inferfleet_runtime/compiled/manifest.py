@@ -19,8 +19,17 @@ FORMAT_VERSION = 2  # 2: checksums of every artifact
 _CPU_ALIASES = {"amd64": "x86_64", "x86_64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
 
 
+# `serve --engine-dir` exits with this code when the engine is missing or damaged (no manifest, an artifact missing or
+# not matching its checksum): a rebuild fixes it, and the operator starts one when a serving pod exits so.
+ENGINE_LOST_EXIT_CODE = 3
+
+
 class EngineMismatch(ValueError):
     """The engine directory cannot be served here: other hardware, other versions, or an unreadable manifest."""
+
+
+class EngineLost(EngineMismatch):
+    """The engine directory is gone, or an artifact of it is missing or changed since the build: rebuild it."""
 
 
 @dataclass
@@ -43,6 +52,8 @@ class Manifest:
     build_seconds: float = 0.0
     sizes: dict[str, int] = field(default_factory=dict)  # total_bytes, graph_bytes, kv_cache_bytes
     checksums: dict[str, str] = field(default_factory=dict)  # every other file of the directory -> sha256
+    model_digest: str = ""  # the model's content digest (model_content), "" when built without --content-addressed
+    model_commit: str = ""  # the hub commit the model was fetched at, "" when not from a hub
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
@@ -78,17 +89,17 @@ def verify_checksums(engine_dir: str | Path, manifest: Manifest) -> None:
     half-written, truncated or replaced file is never loaded (graphs are native code)."""
     engine_dir = Path(engine_dir)
     if not manifest.checksums:
-        raise EngineMismatch(f"engine {manifest.engine_key} lists no artifact checksums; rebuild the engine")
+        raise EngineLost(f"engine {manifest.engine_key} lists no artifact checksums; rebuild the engine")
     for name, expected in sorted(manifest.checksums.items()):
         path = engine_dir / name
         if ".." in Path(name).parts or Path(name).is_absolute() or not path.is_file():
-            raise EngineMismatch(f"engine {manifest.engine_key} lacks its artifact {name}; rebuild the engine")
+            raise EngineLost(f"engine {manifest.engine_key} lacks its artifact {name}; rebuild the engine")
         digest = hashlib.sha256()
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
         if digest.hexdigest() != expected:
-            raise EngineMismatch(
+            raise EngineLost(
                 f"engine {manifest.engine_key}: {name} does not match its checksum (changed or truncated since the "
                 "build); rebuild the engine"
             )
@@ -103,7 +114,7 @@ def read_manifest(engine_dir: str | Path) -> Manifest:
     try:
         return Manifest.from_json(path.read_text())
     except FileNotFoundError:
-        raise EngineMismatch(f"{engine_dir} is not a compiled engine directory (no {MANIFEST_NAME})") from None
+        raise EngineLost(f"{engine_dir} is not a compiled engine directory (no {MANIFEST_NAME})") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise EngineMismatch(f"{path} is not a readable engine manifest: {exc}") from None
 

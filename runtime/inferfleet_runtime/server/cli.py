@@ -153,11 +153,17 @@ def run(args: argparse.Namespace) -> int:
             from inferfleet_runtime import compiled
         except ImportError as exc:
             return _fail(f"the compiled engine is not available in this build ({exc}); serve with --engine paged")
+        from inferfleet_runtime.compiled.manifest import ENGINE_LOST_EXIT_CODE, EngineLost
+
         engine_dir = Path(args.engine_dir)
         if not (engine_dir / "manifest.json").is_file():
-            return _fail(f"{engine_dir} is not a compiled engine directory (no manifest.json)")
+            # Exit code 3: the operator reads it from the pod and rebuilds the engine instead of restarting this.
+            message = f"{engine_dir} is not a compiled engine directory (no manifest.json): engine lost; rebuild it"
+            return _fail(message, ENGINE_LOST_EXIT_CODE)
         try:
             make_runner = compiled.runner_factory(engine_dir, config)  # refuses mismatched engines
+        except EngineLost as exc:
+            return _fail(str(exc), ENGINE_LOST_EXIT_CODE)
         except ValueError as exc:
             return _fail(str(exc))
         default_name = engine_dir.name
@@ -250,8 +256,8 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 2GiB, 500MB, 1048576)") from None
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = 2) -> int:
     """The error line on stderr and as the container's termination message (the operator reports it)."""
     from inferfleet_runtime.termination import fail
 
-    return fail("inferfleet-runtime serve", message, 2)
+    return fail("inferfleet-runtime serve", message, code)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import types
 
 import pytest
@@ -223,3 +224,49 @@ def test_unavailable_backend_exits_2(demo_model_dir, tmp_path, monkeypatch, caps
         ["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), "--backend", "aotinductor", *TINY]
     )
     assert code == 2 and "needs a C++ compiler" in capsys.readouterr().err
+
+
+def test_content_addressed_build_lands_under_the_model_digest_and_reports_it(
+    demo_model_dir, tmp_path, stand_in, monkeypatch
+):
+    from inferfleet_runtime.model_content import content_digest, content_manifest
+
+    stand_in()
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(log))
+    out = tmp_path / "engines" / "k3"
+    args = ["compile", "--model", str(demo_model_dir), "--out", str(out), *TINY, "--engine-key", "k3"]
+    args += ["--decode-buckets", "4", "--prefill-buckets", "16", "--backend", "aotinductor", "--content-addressed"]
+    assert main(args) == 0
+    digest = content_digest(content_manifest(demo_model_dir))
+    manifest = json.loads((out / digest / "manifest.json").read_text())
+    assert manifest["model_digest"] == digest and manifest["model_commit"] == ""
+    result = json.loads(log.read_text())
+    assert result["modelDigest"] == digest and result["artifactPath"] == str(out / digest)
+    assert sorted(p.name for p in out.iterdir()) == [digest]  # nothing at the key's own level
+
+
+def test_content_addressed_build_refuses_a_model_with_a_symlink_out(demo_model_dir, tmp_path, stand_in, capsys):
+    stand_in()
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_dir, model)
+    (tmp_path / "elsewhere").write_text("x")
+    (model / "extra.json").symlink_to(tmp_path / "elsewhere")
+    out = tmp_path / "e"
+    args = ["compile", "--model", str(model), "--out", str(out), *TINY, "--content-addressed"]
+    assert main(args) == 2
+    assert "outside the model directory" in capsys.readouterr().err and not out.exists()
+
+
+def test_rebuild_over_a_damaged_engine_of_the_same_key_replaces_it(demo_model_dir, tmp_path, stand_in):
+    from inferfleet_runtime.compiled.manifest import read_manifest, verify_checksums
+
+    backend = stand_in()
+    out = tmp_path / "e"
+    args = ["compile", "--model", str(demo_model_dir), "--out", str(out), *TINY, "--engine-key", "k4"]
+    args += ["--decode-buckets", "4", "--prefill-buckets", "16", "--backend", "aotinductor"]
+    assert main(args) == 0 and len(backend.built) == 2
+    (out / "graphs" / "decode-b4.pt2").write_bytes(b"damaged")
+    assert main(args) == 0 and len(backend.built) == 4  # built again, not kept
+    verify_checksums(out, read_manifest(out))

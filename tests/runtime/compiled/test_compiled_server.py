@@ -155,3 +155,24 @@ def test_serve_command_of_the_operators_pods_serves_the_engine(compiled_demo_eng
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_serve_of_a_lost_engine_exits_3_with_one_line_as_its_termination_message(tmp_path, capsys, monkeypatch):
+    from inferfleet_runtime.compiled.manifest import ENGINE_LOST_EXIT_CODE
+
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(log))
+    code = main(["serve", "--engine-dir", str(tmp_path / "gone"), "--port", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == ENGINE_LOST_EXIT_CODE == 3 and len(err.splitlines()) == 1
+    assert "engine lost; rebuild it" in err and log.read_text() == err
+
+
+def test_serve_of_an_engine_with_a_damaged_artifact_exits_3(compiled_demo_engine, tmp_path, capsys):
+    damaged = tmp_path / "engine"
+    shutil.copytree(compiled_demo_engine, damaged)
+    graph = next((damaged / "graphs").iterdir())
+    graph.write_bytes(graph.read_bytes()[:-1])
+    code = main(["serve", "--engine-dir", str(damaged), "--port", "0"])
+    assert code == 3 and "does not match its checksum" in capsys.readouterr().err

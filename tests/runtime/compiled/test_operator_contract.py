@@ -6,7 +6,7 @@ import argparse
 import json
 
 from inferfleet_operator.api.types import EngineBuildSpec, EngineEnvelope, PlanSettings
-from inferfleet_operator.plan.manifests import compile_job_for
+from inferfleet_operator.plan.build_jobs import compile_job_for
 from inferfleet_runtime.cli import main
 
 from .test_compile_cli import _stand_in_backend
@@ -43,7 +43,10 @@ def test_compile_job_args_build_an_engine_with_the_operators_key(demo_model_dir,
     assert args[0] == "compile" and args[args.index("--backend") + 1] == "aotinductor"
     args = _replace(_replace(args, "--model", str(demo_model_dir)), "--out", str(tmp_path / "0123abcd"))
     assert main(args + ["--device", "cpu"]) == 0
-    manifest = json.loads((tmp_path / "0123abcd" / "manifest.json").read_text())
+    from inferfleet_runtime.model_content import content_digest, content_manifest
+
+    digest = content_digest(content_manifest(demo_model_dir))  # --content-addressed: under the model's digest
+    manifest = json.loads((tmp_path / "0123abcd" / digest / "manifest.json").read_text())
     assert manifest["engine_key"] == "0123abcd"
     assert manifest["envelope"]["max_context_length"] == 128 and manifest["envelope"]["max_batch_size"] == 4
     assert capsys.readouterr().out.splitlines()[-1].startswith("built engine=0123abcd")
@@ -68,3 +71,25 @@ def test_nvidia_compile_job_asks_for_tensorrt_and_parses(demo_model_dir):
     parsed = parser.parse_args(args[1:])
     assert (parsed.backend, parsed.target_architecture, parsed.dtype) == ("tensorrt", "sm90", "bfloat16")
     assert (parsed.max_context_length, parsed.max_batch_size, parsed.tensor_parallel_size) == (4096, 16, 1)
+
+
+def test_the_exit_code_of_a_lost_engine_is_the_one_the_operator_rebuilds_on():
+    from inferfleet_operator.plan.findings import ENGINE_LOST_EXIT_CODE as OPERATOR_CODE
+    from inferfleet_runtime.compiled.manifest import ENGINE_LOST_EXIT_CODE
+
+    assert OPERATOR_CODE == ENGINE_LOST_EXIT_CODE == 3
+
+
+def test_the_prune_job_removes_the_directory_the_compile_job_wrote(tmp_path):
+    from inferfleet_operator.plan.build_jobs import prune_job_for
+    from inferfleet_runtime import prune_engine
+    from inferfleet_runtime.compiled.manifest import MANIFEST_NAME
+
+    assert prune_engine.MANIFEST_NAME == MANIFEST_NAME
+    job = prune_job_for("team-a", "0123abcd", "00ff00ff00ff00ff", "runtime:1", PlanSettings())
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    engine = tmp_path / "0123abcd" / "00ff00ff00ff00ff"
+    engine.mkdir(parents=True)
+    (engine / MANIFEST_NAME).write_text("{}")
+    args = [a.replace("/engines", str(tmp_path)) for a in container["args"]]
+    assert main(args) == 0 and not engine.exists()
