@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -112,6 +114,37 @@ def _fetch_local(src: Path, to: Path, show_progress: bool) -> None:
     verify_sizes(to, {str(rel): size for rel, size in sizes.items()})
 
 
+# What `serve` and `compile` read from a checkpoint (loader, tokenizer, gguf_checkpoint): an hf:// fetch downloads
+# only these, not the other formats a repository may also carry (PyTorch .bin, original/*.pth, ONNX, ...).
+SERVED_FILES = ("*.json", "*.safetensors", "*.jinja", "*.gguf")
+
+
+def is_served_file(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in SERVED_FILES)
+
+
+def wrong_checksums(root: Path, siblings) -> list[str]:
+    """The files under root whose bytes do not hash to what the hub lists: sha256 for files stored with Git LFS,
+    else the git blob id (sha1 of "blob <size>\\0" + bytes)."""
+    bad = []
+    for sibling in siblings:
+        path = root / sibling.rfilename
+        if not path.is_file():
+            continue
+        if sibling.lfs is not None:
+            digest, expected = hashlib.sha256(), sibling.lfs.sha256
+        elif sibling.blob_id:
+            digest, expected = hashlib.sha1(b"blob %d\0" % path.stat().st_size), sibling.blob_id
+        else:
+            continue
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != expected:
+            bad.append(sibling.rfilename)
+    return bad
+
+
 def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
     # Imported here so file:// works without huggingface_hub; endpoint and token are read at call time so
     # HF_ENDPOINT / HF_TOKEN set after import still count.
@@ -125,20 +158,35 @@ def _fetch_hub(source: Source, to: Path, show_progress: bool) -> None:
     (enable_progress_bars if show_progress else disable_progress_bars)()
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(source.path, revision=revision, files_metadata=True)
-        expected = {s.rfilename: s.size for s in info.siblings or [] if s.size is not None}
+        siblings = [s for s in info.siblings or [] if is_served_file(s.rfilename)]
+        expected = {s.rfilename: s.size for s in siblings if s.size is not None}
         # Pinning the resolved commit keeps the listing and the files consistent if the branch moves meanwhile.
-        snapshot_download(source.path, revision=info.sha, local_dir=to, endpoint=endpoint, token=token)
-        # The library trusts its own bookkeeping for files it finished earlier; re-download any whose size
-        # no longer matches (truncated or edited since).
-        for name in wrong_sizes(to, expected):
+        snapshot_download(
+            source.path, revision=info.sha, local_dir=to, endpoint=endpoint, token=token,
+            allow_patterns=list(SERVED_FILES),
+        )  # fmt: skip
+
+        def download_again(name: str) -> None:
             hf_hub_download(
                 source.path, name, revision=info.sha, local_dir=to, endpoint=endpoint, token=token, force_download=True
             )
+
+        # The library trusts its own bookkeeping for files it finished earlier; re-download any whose size
+        # no longer matches (truncated or edited since), then any whose bytes are not the hub's.
+        for name in wrong_sizes(to, expected):
+            download_again(name)
+        for name in wrong_checksums(to, siblings):
+            download_again(name)
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
         raise FetchError(
             f"could not fetch hf://{source.path}@{revision}: {_reason(exc, has_token=token is not None)}"
         ) from exc
     verify_sizes(to, expected)
+    if bad := wrong_checksums(to, siblings):
+        raise FetchError(
+            f"could not fetch hf://{source.path}@{revision}: {bad[0]} does not match the hub's checksum after a "
+            f"second download ({len(bad)} file(s) differ)"
+        )
     # The commit the revision resolved to: a compile of these files is addressed by it (model_content).
     write_source(to, f"hf://{source.path}", revision, info.sha)
 

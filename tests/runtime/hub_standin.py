@@ -37,6 +37,9 @@ class HubStandIn:
     fail_gets: dict[str, int] = field(default_factory=dict)  # file -> answer this many GETs with HTTP 500
     requests: list[Request] = field(default_factory=list)
     required_token: str | None = None  # gated: every request needs `Authorization: Bearer <token>`
+    # Files stored with Git LFS, as the hub stores weights: listed with their sha256 (blobId is the pointer's).
+    lfs_suffixes: tuple[str, ...] = (".safetensors",)
+    served_bytes: dict[str, bytes] = field(default_factory=dict)  # file -> what GETs answer instead of its bytes
 
     def start(self) -> str:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -78,10 +81,7 @@ def _handler(hub: HubStandIn):
             if m := info_re.match(path):
                 if m["rev"] and m["rev"] not in hub.revisions:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {m['rev']}")
-                siblings = [
-                    {"rfilename": name, "size": len(data), "blobId": _blob_id(data)}
-                    for name, data in hub.files().items()
-                ]
+                siblings = [_sibling(hub, name, data) for name, data in hub.files().items()]
                 return self._json(
                     {
                         "id": hub.repo_id,
@@ -112,7 +112,7 @@ def _handler(hub: HubStandIn):
                 if self.command == "GET" and hub.fail_gets.get(m["file"], 0) > 0:
                     hub.fail_gets[m["file"]] -= 1
                     return self._error(500, "InternalError", "storage backend unavailable")
-                return self._file(m["file"], data, send_body)
+                return self._file(m["file"], hub.served_bytes.get(m["file"], data), send_body)
             return self._error(404, "RepoNotFound", "Repository not found")
 
         def _refusal(self) -> tuple[str, str] | None:
@@ -175,3 +175,13 @@ def _handler(hub: HubStandIn):
 def _blob_id(data: bytes) -> str:
     """Git blob id, as the Hub reports for files."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _sibling(hub: HubStandIn, name: str, data: bytes) -> dict:
+    """A file as the hub's model info lists it with files_metadata."""
+    if not name.endswith(hub.lfs_suffixes):
+        return {"rfilename": name, "size": len(data), "blobId": _blob_id(data)}
+    sha256 = hashlib.sha256(data).hexdigest()
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(data)}\n".encode()
+    lfs = {"size": len(data), "sha256": sha256, "pointerSize": len(pointer)}
+    return {"rfilename": name, "size": len(data), "blobId": _blob_id(pointer), "lfs": lfs}

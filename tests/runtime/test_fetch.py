@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 
 import pytest
 
@@ -177,6 +178,49 @@ def test_hf_rerun_repairs_a_file_whose_size_is_wrong(hub, tmp_path):
     assert run_fetch(f"hf://{REPO}", out) == 0
     assert file_gets(hub) == ["model.safetensors"]
     assert model_files(out) == hub.files()
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])  # an LFS file (sha256), a git one (blob id)
+def test_hf_rerun_repairs_a_file_whose_bytes_are_not_the_hubs(hub, tmp_path, name):
+    out = tmp_path / "out"
+    assert run_fetch(f"hf://{REPO}", out) == 0
+    edited = bytearray((out / name).read_bytes())
+    edited[len(edited) // 2] ^= 0xFF  # same size: only the checksum tells
+    (out / name).write_bytes(bytes(edited))
+    hub.requests.clear()
+    assert run_fetch(f"hf://{REPO}", out) == 0
+    assert file_gets(hub) == [name]
+    assert model_files(out) == hub.files()
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_hf_file_the_hub_serves_unlike_its_checksum_fails_naming_it(hub, tmp_path, capsys, name):
+    data = hub.files()[name]
+    hub.served_bytes[name] = data[:-1] + bytes([data[-1] ^ 0xFF])  # corrupted in transit or storage
+    assert run_fetch(f"hf://{REPO}", tmp_path / "out") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"inferfleet-runtime fetch: error: could not fetch hf://{REPO}@main: {name} does not match the hub's "
+        "checksum after a second download (1 file(s) differ)"
+    ]
+    assert file_gets(hub).count(name) == 2
+
+
+def test_hf_fetches_only_the_files_the_runtime_reads(demo_model_dir, tmp_path, monkeypatch):
+    repo_dir = tmp_path / "repo"
+    shutil.copytree(demo_model_dir, repo_dir)
+    (repo_dir / "pytorch_model.bin").write_bytes(b"\0" * 1000)  # the same weights in formats never read
+    (repo_dir / "original").mkdir()
+    (repo_dir / "original" / "consolidated.00.pth").write_bytes(b"\0" * 1000)
+    stand_in = HubStandIn(REPO, repo_dir)
+    monkeypatch.setenv("HF_ENDPOINT", stand_in.start())
+    try:
+        out = tmp_path / "out"
+        assert run_fetch(f"hf://{REPO}", out) == 0
+    finally:
+        stand_in.stop()
+    assert set(model_files(out)) == {name for name in stand_in.files() if not name.endswith((".bin", ".pth"))}
+    assert not any(name.endswith((".bin", ".pth")) for name in file_gets(stand_in))
 
 
 def test_progress_bars_go_to_stderr(demo_model_dir, hub, tmp_path, capfd):

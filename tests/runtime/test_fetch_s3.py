@@ -69,7 +69,11 @@ def test_s3_prefix_is_fetched_file_for_file(uploaded, tmp_path, capfd):
     assert f"Fetching s3://{BUCKET}/{PREFIX}" in captured.err and "100%" in captured.err and captured.out == ""
 
 
-def test_s3_rerun_keeps_complete_files_and_resumes_a_partial_one(uploaded, tmp_path, get_ranges):
+def etag_of(s3, name: str) -> str:
+    return s3.client().head_object(Bucket=BUCKET, Key=f"{PREFIX}/{name}")["ETag"]
+
+
+def test_s3_rerun_keeps_complete_files_and_resumes_a_partial_one(s3, uploaded, tmp_path, get_ranges):
     out = tmp_path / "out"
     assert run_fetch(f"s3://{BUCKET}/{PREFIX}/", out) == 0
     assert sorted(k for k, _ in get_ranges) == sorted(uploaded)
@@ -77,11 +81,48 @@ def test_s3_rerun_keeps_complete_files_and_resumes_a_partial_one(uploaded, tmp_p
     half = len(uploaded["model.safetensors"]) // 2
     weights.rename(out / "model.safetensors.part")
     with open(out / "model.safetensors.part", "r+b") as f:
-        f.truncate(half)  # as if the pod was killed mid-download
+        f.truncate(half)  # as if the pod was killed mid-download, beside the ETag it began from
+    (out / "model.safetensors.part.etag").write_text(etag_of(s3, "model.safetensors"))
     get_ranges.clear()
     assert run_fetch(f"s3://{BUCKET}/{PREFIX}", out) == 0
     assert get_ranges == [("model.safetensors", f"bytes={half}-".encode())]
     assert model_files(out) == uploaded
+
+
+def test_s3_partial_file_of_an_object_replaced_since_is_fetched_again_whole(s3, uploaded, tmp_path, get_ranges):
+    out = tmp_path / "out"
+    assert run_fetch(f"s3://{BUCKET}/{PREFIX}", out) == 0
+    old_etag = etag_of(s3, "model.safetensors")
+    half = len(uploaded["model.safetensors"]) // 2
+    (out / "model.safetensors").rename(out / "model.safetensors.part")
+    with open(out / "model.safetensors.part", "r+b") as f:
+        f.truncate(half)
+    (out / "model.safetensors.part.etag").write_text(old_etag)
+    replaced = bytes(reversed(uploaded["model.safetensors"]))  # same size, other bytes: a new upload
+    s3.client().put_object(Bucket=BUCKET, Key=f"{PREFIX}/model.safetensors", Body=replaced)
+    assert etag_of(s3, "model.safetensors") != old_etag
+    get_ranges.clear()
+    assert run_fetch(f"s3://{BUCKET}/{PREFIX}", out) == 0
+    assert get_ranges == [("model.safetensors", None)]  # from the first byte, not spliced onto the old half
+    assert (out / "model.safetensors").read_bytes() == replaced
+    assert not (out / "model.safetensors.part.etag").exists()
+
+
+def test_s3_object_replaced_between_listing_and_download_fails_clearly_and_keeps_no_part(
+    s3, uploaded, tmp_path, monkeypatch, capsys
+):
+    listed = fetch_s3._list
+
+    def list_then_replace(client, bucket, prefix):
+        found = listed(client, bucket, prefix)
+        s3.client().put_object(Bucket=BUCKET, Key=f"{PREFIX}/model.safetensors", Body=b"replaced")
+        return found
+
+    monkeypatch.setattr(fetch_s3, "_list", list_then_replace)
+    out = tmp_path / "out"
+    assert run_fetch(f"s3://{BUCKET}/{PREFIX}", out) == 1
+    assert "model.safetensors changed while it was being fetched" in capsys.readouterr().err
+    assert not (out / "model.safetensors.part").exists() and not (out / "model.safetensors").exists()
 
 
 def test_s3_missing_bucket_and_empty_prefix_fail_with_one_line(uploaded, tmp_path, capsys):
