@@ -134,7 +134,7 @@ def make_checkpoint(out_dir: Path, config_class: str, model_class: str, override
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # wider than the default init (less flat logits); norms and biases away from 1 and 0
         for name, param in model.named_parameters():
-            if param.dim() == 2:
+            if param.dim() >= 2:  # matrices, and the stacked experts of MoE families
                 param.normal_(0.0, 0.15)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
