@@ -192,3 +192,24 @@ def test_serve_refuses_quantizing_an_moe_model_in_one_line(mixtral_dir, capsys):
     assert cli.run(args) == 2  # before any weight is read or the server starts
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not cover Mixture-of-Experts experts yet (family mixtral)" in err[0], err
+
+
+@torch.inference_mode()
+def test_native_packed_experts_match_the_torch_path():
+    from inferfleet_runtime.kernels import native
+
+    if native.library() is None:
+        pytest.skip(native.unavailable_reason())
+    config = read_config({**TINY, **QWEN3_MOE, "num_experts": 6, "num_experts_per_tok": 3})
+    block = SparseMoE(config, REFERENCE_OPS)
+    torch.manual_seed(3)
+    for param in block.parameters():
+        param.normal_(0.0, 0.2)
+    for num_tokens in (1, 5, 40):
+        x = torch.randn(num_tokens, config.hidden_size)
+        expected = block(x)
+        packed = SparseMoE(config, REFERENCE_OPS)
+        packed.load_state_dict(block.state_dict())
+        packed.pack_for_native()
+        assert not any(p.dim() == 3 for p in packed.parameters())  # the stacked float weights are gone
+        torch.testing.assert_close(packed(x), expected, atol=1e-5, rtol=1e-5)

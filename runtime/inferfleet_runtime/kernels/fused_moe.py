@@ -52,24 +52,33 @@ def check_experts_args(x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
 def fused_experts_reference(x, w_gate_up, w_down, topk_weights, topk_ids):
     """The spec, and the CPU path: a loop over the experts that got tokens, each running its rows as a matmul."""
     check_experts_args(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+    def expert_mlp(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(silu_and_mul_reference(F.linear(rows, w_gate_up[expert])), w_down[expert])
+
+    return grouped_by_expert(x, topk_weights, topk_ids, w_gate_up.shape[0], expert_mlp)
+
+
+def grouped_by_expert(x, topk_weights, topk_ids, num_experts: int, expert_mlp) -> torch.Tensor:
+    """sum_j topk_weights[t, j] * expert_mlp(topk_ids[t, j], rows) per token t, with expert_mlp(e, x rows [n, H])
+    -> [n, H] called once per expert that got tokens, on its rows gathered (the CPU paths' shared loop)."""
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return out.to(x.dtype)
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)  # assignment indices (t * k + j) grouped by expert
-    counts = torch.bincount(flat_ids, minlength=w_gate_up.shape[0]).tolist()
-    flat_weights = topk_weights.reshape(-1).float()
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    sorted_tokens = order // top_k
+    sorted_weights = topk_weights.reshape(-1).float()[order, None]  # [T * k, 1]
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        assignments = order[start : start + count]
+        tokens = sorted_tokens[start : start + count]
+        y = expert_mlp(expert, x.index_select(0, tokens))  # [n, H]
+        out.index_add_(0, tokens, y.float() * sorted_weights[start : start + count])
         start += count
-        tokens = assignments // top_k
-        h = silu_and_mul_reference(F.linear(x.index_select(0, tokens), w_gate_up[expert]))  # [n, I]
-        y = F.linear(h, w_down[expert])  # [n, H]
-        out.index_add_(0, tokens, y.float() * flat_weights[assignments, None])
     return out.to(x.dtype)
 
 

@@ -87,9 +87,18 @@ class MoeModel(LlamaModel):
         if config.moe_layers and ops.backend == "native":
             log.info(
                 "Chose the torch reference ops for the fused experts of %s (family %s): the native kernels have "
-                "none (each expert that gets tokens runs its rows as one torch matmul)",
+                "no grouped experts kernel (a torch loop over the experts that get tokens runs each one's rows "
+                "through native.c's matmul once the linears are packed)",
                 config.name, config.family,
             )  # fmt: skip
 
     def native_forward_gaps(self) -> list[str]:
         return ["sparse Mixture-of-Experts MLPs"] if self.config.moe_layers else []
+
+    def enable_native_forward(self) -> None:
+        """Packs every sparse layer's experts for native.c's matmul, then (for a model with no sparse layer) the
+        whole-stack forward, else logs why the layers stay op by op."""
+        for layer in self.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.pack_for_native()
+        super().enable_native_forward()
