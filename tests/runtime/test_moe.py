@@ -213,3 +213,34 @@ def test_native_packed_experts_match_the_torch_path():
         packed.pack_for_native()
         assert not any(p.dim() == 3 for p in packed.parameters())  # the stacked float weights are gone
         torch.testing.assert_close(packed(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_the_dense_form_torch_export_traces_matches_the_grouped_path():
+    from inferfleet_runtime.kernels.fused_moe import fused_experts_dense, fused_experts_reference
+
+    config = read_config({**TINY, **MIXTRAL, "num_local_experts": 5, "num_experts_per_tok": 2})
+    block = SparseMoE(config, REFERENCE_OPS)
+    torch.manual_seed(4)
+    for param in block.parameters():
+        param.normal_(0.0, 0.2)
+    x = torch.randn(6, config.hidden_size)
+    weights, ids = route(block.gate(x), 2, True)
+    experts = (block.experts.gate_up_proj, block.experts.down_proj)
+    torch.testing.assert_close(
+        fused_experts_dense(x, *experts, weights, ids), fused_experts_reference(x, *experts, weights, ids)
+    )
+
+
+def test_an_exported_sparse_block_gives_the_eager_blocks_outputs():
+    # The compiled engine exports the model: the routing must not make shapes data-dependent.
+    config = read_config({**TINY, **QWEN3_MOE})
+    block = SparseMoE(config, REFERENCE_OPS)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for param in block.parameters():
+            param.normal_(0.0, 0.2)
+    program = torch.export.export(block, (torch.randn(7, config.hidden_size),))
+    x = torch.randn(7, config.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(program.module()(x), block(x))

@@ -59,6 +59,20 @@ def fused_experts_reference(x, w_gate_up, w_down, topk_weights, topk_ids):
     return grouped_by_expert(x, topk_weights, topk_ids, w_gate_up.shape[0], expert_mlp)
 
 
+def fused_experts_dense(x, w_gate_up, w_down, topk_weights, topk_ids):
+    """The same contract computed by every expert for every token, each result weighted by the token's routing
+    weight for that expert (zero where it is not routed): E / k times the experts' matmul work, but no shape depends
+    on the routing, so torch.export can trace it (what the compiled engine exports)."""
+    check_experts_args(x, w_gate_up, w_down, topk_weights, topk_ids)
+    num_experts, num_tokens = w_gate_up.shape[0], x.shape[0]
+    combine = torch.zeros(num_tokens, num_experts, dtype=torch.float32, device=x.device)
+    combine = combine.scatter(1, topk_ids.long(), topk_weights.float())  # [T, E]
+    h = torch.bmm(x.expand(num_experts, -1, -1), w_gate_up.transpose(1, 2))  # [E, T, 2I]
+    h = silu_and_mul_reference(h.reshape(num_experts * num_tokens, -1)).view(num_experts, num_tokens, -1)
+    y = torch.bmm(h, w_down.transpose(1, 2))  # [E, T, H]
+    return (y.float() * combine.t()[..., None]).sum(dim=0).to(x.dtype)
+
+
 def grouped_by_expert(x, topk_weights, topk_ids, num_experts: int, expert_mlp) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_mlp(topk_ids[t, j], rows) per token t, with expert_mlp(e, x rows [n, H])
     -> [n, H] called once per expert that got tokens, on its rows gathered (the CPU paths' shared loop)."""

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..kernels import KernelOps, native
-from ..kernels.fused_moe import grouped_by_expert
+from ..kernels.fused_moe import fused_experts_dense, grouped_by_expert
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,6 +80,8 @@ class SparseMoE(nn.Module):
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)  # [T, k] each
         if isinstance(self.experts, NativePackedExperts):
             return self.experts(x, weights, ids)
+        if torch.compiler.is_exporting() or torch.compiler.is_compiling():  # the compiled engine's trace
+            return fused_experts_dense(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         return self.ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
 
 
