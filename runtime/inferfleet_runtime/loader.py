@@ -140,7 +140,9 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
         loaded.setdefault(name, set()).update(range(expected[name]) if part is None else [part])
     missing = [name for name, parts in expected.items() if len(loaded.get(name, ())) != parts]
     if missing:
-        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+        first = missing[0]
+        detail = moe.missing_pieces(first, loaded.get(first, set()), expected[first])
+        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {first}{detail}")
 
 
 def _quantized_as_read(

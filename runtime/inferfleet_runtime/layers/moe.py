@@ -125,6 +125,18 @@ def num_parts(name: str, config: ModelConfig) -> int | None:
     return None
 
 
+def missing_pieces(name: str, loaded: set[int], parts: int) -> str:
+    """For a stacked expert parameter that the checkpoint filled only partly, which pieces are missing, as
+    " (expert 2 up, ...)"; "" for any other parameter."""
+    if not loaded or not name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+        return ""
+    down = name.endswith(".experts.down_proj")
+    pieces = [
+        f"expert {p}" if down else f"expert {p // 2} {('gate', 'up')[p % 2]}" for p in range(parts) if p not in loaded
+    ]
+    return f" ({', '.join(pieces[:4])}{', ...' if len(pieces) > 4 else ''})"
+
+
 def part_of(param: torch.Tensor, name: str, part: int) -> torch.Tensor:
     """The piece of a stacked parameter that per-expert tensor `part` (checkpoint_slot's numbering) fills."""
     if name.endswith(".experts.down_proj"):
