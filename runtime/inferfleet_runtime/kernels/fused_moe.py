@@ -80,6 +80,11 @@ def grouped_by_expert(x, topk_weights, topk_ids, num_experts: int, expert_mlp) -
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return out.to(x.dtype)
+    if num_tokens == 1:  # a lone decode token: its k experts directly, in expert order as below (no sort, no gather)
+        weights = topk_weights[0].float()
+        for j in sorted(range(top_k), key=lambda j: int(topk_ids[0, j])):
+            out += expert_mlp(int(topk_ids[0, j]), x).float() * weights[j]
+        return out.to(x.dtype)
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)  # assignment indices (t * k + j) grouped by expert
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()

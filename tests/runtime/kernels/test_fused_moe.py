@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from inferfleet_runtime.kernels import fused_moe
 from inferfleet_runtime.layers.moe import route
 
-# (tokens, experts, top_k, hidden, intermediate): decode-sized (16-row blocks, most experts empty) and prefill-sized
+# (tokens, experts, top_k, hidden, intermediate): a lone decode token (the CPU path takes its experts directly),
+# decode-sized (16-row blocks, most experts empty) and prefill-sized
 # (64-row blocks), widths that are not multiples of the 64-column and 32-deep tiles.
-SHAPES = [(1, 4, 2, 64, 32), (7, 8, 2, 48, 40), (45, 4, 3, 64, 96)]
+SHAPES = [(1, 4, 2, 64, 32), (1, 8, 3, 32, 16), (7, 8, 2, 48, 40), (45, 4, 3, 64, 96)]
 
 
 def experts_inputs(num_tokens, num_experts, top_k, hidden, intermediate, dtype, seed=0):
