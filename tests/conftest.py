@@ -51,7 +51,7 @@ def make_tiny_llama(
     model = getattr(transformers, classes[1])(config).eval()
     with torch.no_grad():  # default init is tiny; wider weights give less flat logits (fewer argmax near-ties)
         for param in model.parameters():
-            if param.dim() == 2:
+            if param.dim() >= 2:  # matrices, and a Mixture-of-Experts model's stacked experts
                 param.normal_(0.0, 0.15)
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **save_kwargs)

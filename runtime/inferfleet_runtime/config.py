@@ -50,6 +50,13 @@ class ModelConfig:
     # Per layer, a sliding-window layer's window (its queries see the last `window` keys, their own included) or
     # None for full attention; () when every layer attends to the whole context.
     sliding_windows: tuple[int | None, ...] = ()
+    # Mixture-of-Experts (Mixtral, Qwen3-MoE): the layers in moe_layers replace the dense MLP by num_experts SwiGLU
+    # experts of width moe_intermediate_size, each token routed to its num_experts_per_tok best (layers/moe.py).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # the top-k routing weights are renormalised to sum to 1
+    moe_layers: tuple[int, ...] = ()
 
     def window_of(self, layer_index: int) -> int | None:
         """The sliding window of layer layer_index, None where it attends to the whole context."""

@@ -17,6 +17,7 @@ from .config import ModelConfig
 from .device import pick_device
 from .gguf_checkpoint import find_gguf, load_gguf
 from .kernels import get_ops
+from .layers import moe
 from .layers.parallel import TensorParallel, local_config, parallelize, shard_weights
 from .layers.quantized import QuantizedLinear, empty_quantized_linears, quantize_as_read, quantized_tensors
 from .models import build_model, read_config_dir
@@ -123,10 +124,11 @@ def read_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 @torch.no_grad()
 def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Copies Hugging Face-named tensors into the model, filling fused q/k/v and gate/up row ranges (or the whole
-    fused parameter, where the checkpoint stores it fused: Phi-3)."""
+    fused parameter, where the checkpoint stores it fused: Phi-3) and each expert's piece of a Mixture-of-Experts
+    layer's stacked expert weights (layers.moe.checkpoint_slot)."""
     config = model.config
     params = dict(model.named_parameters()) | quantized_tensors(model)
-    expected = {name: _num_parts(name) for name in params}
+    expected = {name: _num_parts(name, config) for name in params}
     loaded: dict[str, set[int]] = {}
     for hf_name, tensor in weights:
         name = hf_name.removeprefix("model.")
@@ -135,14 +137,17 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
         part = None
         module, _, leaf = name.rpartition(".")
         prefix, _, proj = module.rpartition(".")
-        if proj in _FUSED:
+        moe_slot = moe.checkpoint_slot(name)
+        if moe_slot is not None:
+            name, part = moe_slot
+        elif proj in _FUSED:
             fused, part = _FUSED[proj]
             name = f"{prefix}.{fused}.{leaf}"
-        if name not in params:
+        if name not in params or (part is not None and part >= expected[name]):
             raise CheckpointError(
                 f"checkpoint tensor {hf_name!r} has no place in a {config.num_layers}-layer {config.family} decoder"
             )
-        target = params[name] if part is None else params[name].narrow(0, *_row_range(config, name, part))
+        target = params[name] if part is None else _part_of(config, params[name], name, part)
         if target.shape != tensor.shape:
             raise CheckpointError(
                 f"{hf_name}: checkpoint shape {tuple(tensor.shape)}, config implies {tuple(target.shape)}"
@@ -151,7 +156,9 @@ def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tens
         loaded.setdefault(name, set()).update(range(expected[name]) if part is None else [part])
     missing = [name for name, parts in expected.items() if len(loaded.get(name, ())) != parts]
     if missing:
-        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+        first = missing[0]
+        detail = moe.missing_pieces(first, loaded.get(first, set()), expected[first])
+        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {first}{detail}")
 
 
 def _quantized_as_read(
@@ -171,8 +178,14 @@ def _quantized_as_read(
             yield hf_name, tensor
 
 
-def _num_parts(name: str) -> int:
-    return 3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1
+def _num_parts(name: str, config: ModelConfig) -> int:
+    return moe.num_parts(name, config) or (3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1)
+
+
+def _part_of(config: ModelConfig, param: torch.Tensor, name: str, part: int) -> torch.Tensor:
+    if ".experts." in name:
+        return moe.part_of(param, name, part)
+    return param.narrow(0, *_row_range(config, name, part))
 
 
 def _row_range(config: ModelConfig, name: str, part: int) -> tuple[int, int]:

@@ -119,6 +119,44 @@ CASES = {
         has_native_forward=False,
         has_reference_only_ops=True,
     ),
+    # Mixture-of-Experts: 4 experts, top-2, as small as the dense cases. The native backend runs the experts through
+    # the torch path and the rest op by op (both logged).
+    "mixtral": Case(
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=4, num_experts_per_tok=2),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),
+    "mixtral-window": Case(
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=9),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),
+    "qwen3-moe": Case(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, head_dim=32, norm_topk_prob=True),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),
+    "qwen3-moe-unnormalised-dense-layer": Case(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        # Top-3 of 6 weights as the softmax gives them; layer 0 dense (decoder_sparse_step 2), layer 1 sparse.
+        dict(
+            num_experts=6,
+            num_experts_per_tok=3,
+            moe_intermediate_size=40,
+            head_dim=16,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+        ),
+        has_native_forward=False,
+        has_reference_only_ops=True,
+    ),
 }
 BACKENDS = ["reference", "native"]
 PROMPT_LENGTHS = [1, 3, 8, 13, 22]
@@ -134,7 +172,7 @@ def make_checkpoint(out_dir: Path, config_class: str, model_class: str, override
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # wider than the default init (less flat logits); norms and biases away from 1 and 0
         for name, param in model.named_parameters():
-            if param.dim() == 2:
+            if param.dim() >= 2:  # matrices, and the stacked experts of MoE families
                 param.normal_(0.0, 0.15)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
@@ -282,7 +320,9 @@ def test_unsupported_family_is_refused_naming_the_supported_ones():
     with pytest.raises(ConfigError) as refused:
         read_config(hf)
     assert str(refused.value) == f"model_type 'gpt2' is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-    assert {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"} <= set(SUPPORTED_MODEL_TYPES)
+    assert {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe"} <= set(
+        SUPPORTED_MODEL_TYPES
+    )
 
 
 @pytest.mark.parametrize(

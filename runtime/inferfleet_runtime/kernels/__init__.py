@@ -1,5 +1,6 @@
-"""Kernel facade: `get_ops(backend)` gives the model its five hot ops, as torch references, Triton kernels (GPUs)
-or native C kernels (float32 on a CPU, kernels/native.py)."""
+"""Kernel facade: `get_ops(backend)` gives the model its hot ops, as torch references, Triton kernels (GPUs) or
+native C kernels (float32 on a CPU, kernels/native.py). The native backend has no fused-experts kernel: it runs the
+torch CPU path of kernels/fused_moe.py (a Mixture-of-Experts model logs that at load)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import activation, kv_cache, native, paged_attention, rms_norm, rotary
+from . import activation, fused_moe, kv_cache, native, paged_attention, rms_norm, rotary
 from ._triton import HAS_TRITON
 
 BACKENDS = ("reference", "triton", "native", "auto")
@@ -24,6 +25,7 @@ class KernelOps:
     silu_and_mul: Callable
     write_kv: Callable
     paged_attention: Callable
+    fused_experts: Callable  # the experts of a sparse MoE layer (kernels/fused_moe.py)
 
 
 REFERENCE_OPS = KernelOps(
@@ -33,6 +35,7 @@ REFERENCE_OPS = KernelOps(
     silu_and_mul=activation.silu_and_mul_reference,
     write_kv=kv_cache.write_kv_reference,
     paged_attention=paged_attention.paged_attention_reference,
+    fused_experts=fused_moe.fused_experts_reference,
 )
 
 TRITON_OPS = KernelOps(
@@ -42,6 +45,7 @@ TRITON_OPS = KernelOps(
     silu_and_mul=activation.silu_and_mul,
     write_kv=kv_cache.write_kv,
     paged_attention=paged_attention.paged_attention,
+    fused_experts=fused_moe.fused_experts,
 )
 
 NATIVE_OPS = KernelOps(
@@ -51,6 +55,7 @@ NATIVE_OPS = KernelOps(
     silu_and_mul=native.silu_and_mul,
     write_kv=native.write_kv,
     paged_attention=native.paged_attention,
+    fused_experts=fused_moe.fused_experts_reference,
 )
 
 

@@ -22,7 +22,7 @@ import torch
 
 from inferfleet_runtime.config import DTYPES
 
-from . import _triton, activation, kv_cache, paged_attention, rms_norm, rotary
+from . import _triton, activation, fused_moe, kv_cache, paged_attention, rms_norm, rotary
 
 POINTER_TYPES = {
     torch.float16: "*fp16",
@@ -63,7 +63,7 @@ def recording(launches: list[Launch], label: str):
 
 def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
     """Launches of every op; attention in decode, split-KV decode and prefill for each head shape, and the latter
-    two with a sliding window."""
+    two with a sliding window; the fused experts with decode- and prefill-sized blocks (Mixtral-8x7B's widths)."""
     launches: list[Launch] = []
     z = lambda *shape: torch.zeros(shape, dtype=dtype)  # noqa: E731
     with recording(launches, "rms_norm"):
@@ -71,6 +71,12 @@ def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
         rms_norm.rms_norm(z(2, 4096), z(4096), 1e-5, z(2, 4096))
     with recording(launches, "silu_and_mul"):
         activation.silu_and_mul(z(2, 2 * 14336))
+    # Mixtral-8x7B's widths, two of its experts (weights left unwritten: nothing runs), top-2.
+    w_gate_up, w_down = torch.empty(2, 2 * 14336, 4096, dtype=dtype), torch.empty(2, 4096, 14336, dtype=dtype)
+    for num_tokens in (1, 64):  # 16- and 64-row blocks (fused_moe.block_sizes)
+        with recording(launches, f"fused_experts {num_tokens} tokens"):
+            ids = torch.tensor([[0, 1]] * num_tokens)
+            fused_moe.fused_experts(z(num_tokens, 4096), w_gate_up, w_down, torch.full((num_tokens, 2), 0.5), ids)
     with recording(launches, "rotary"):
         rotary.rotary(z(2, 32, 128), z(2, 8, 128), torch.zeros(2, dtype=torch.int64), torch.zeros(16, 128))
     with recording(launches, "write_kv"):

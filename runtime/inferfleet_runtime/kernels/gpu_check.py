@@ -23,7 +23,7 @@ import torch
 
 from inferfleet_runtime.config import DTYPES
 
-from . import activation, kv_cache, paged_attention, rms_norm, rotary
+from . import activation, fused_moe, kv_cache, paged_attention, rms_norm, rotary
 from ._triton import is_interpreting
 
 TOLERANCES = {
@@ -197,6 +197,30 @@ def elementwise_cases(shapes: Shapes, dtype, gen, device):
     ]
 
 
+def moe_cases(shapes: Shapes, dtype, gen, device, num_experts: int = 8, top_k: int = 2):
+    """The fused experts at Mixtral-8x7B's widths (8 experts, top-2) for 1 token, 64 and num_tokens, against the
+    torch path run in float32 (the kernel accumulates in float32 and rounds once, after SiLU-and-mul)."""
+    s = shapes
+    element = torch.tensor([], dtype=dtype).element_size()
+    scale = lambda t, fan_in: (t / fan_in**0.5).to(dtype)  # noqa: E731  (outputs of order 1)
+    w_gate_up = scale(torch.randn(num_experts, 2 * s.intermediate, s.hidden, generator=gen, device=device), s.hidden)
+    w_down = scale(torch.randn(num_experts, s.hidden, s.intermediate, generator=gen, device=device), s.intermediate)
+    for num_tokens in sorted({1, min(64, s.num_tokens), s.num_tokens}):
+        x = torch.randn(num_tokens, s.hidden, generator=gen, device=device).to(dtype)
+        logits = torch.randn(num_tokens, num_experts, generator=gen, device=device)
+        weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+        touched = int(torch.unique(ids).numel())
+        yield Case(
+            f"fused_experts {num_tokens} tokens e{num_experts}k{top_k} {s.hidden}x{s.intermediate}",
+            lambda x=x, weights=weights, ids=ids: fused_moe.fused_experts(x, w_gate_up, w_down, weights, ids),
+            lambda x=x, weights=weights, ids=ids: fused_moe.fused_experts_reference(
+                x.float(), w_gate_up.float(), w_down.float(), weights, ids
+            ).to(dtype),
+            touched * 3 * s.hidden * s.intermediate * element + 2 * x.numel() * element,
+            2 * num_tokens * top_k * 3 * s.hidden * s.intermediate,
+        )
+
+
 def sweep_cases(shapes: Shapes, dtype, gen, device, num_sms):
     """Decode tile variants for the long-context cases, to pick the planner's defaults on a GPU."""
     for num_seqs, context in shapes.decode_cases[:2]:
@@ -237,6 +261,7 @@ def sweep_cases(shapes: Shapes, dtype, gen, device, num_sms):
 def timed_cases(shapes: Shapes, dtype, gen, device, sweep: bool, num_sms: int):
     """Built one at a time, so each case's tensors are freed before the next is allocated."""
     yield from elementwise_cases(shapes, dtype, gen, device)
+    yield from moe_cases(shapes, dtype, gen, device)
     for num_seqs, context in shapes.decode_cases:
         yield decode_case(shapes, num_seqs, context, dtype, gen, device)
     for num_seqs, prefix, new in shapes.prefill_cases:

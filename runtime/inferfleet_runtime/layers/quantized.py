@@ -136,6 +136,8 @@ def empty_quantized_linears(model: nn.Module, method: str) -> int:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}")
     if method == "none":
         return 0
+    if hasattr(model, "config"):  # a decoder of models/ (its ModelConfig)
+        check_quantizable(model.config, method)
     bits = 8 if method == "int8" else 4
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
     for name, linear in targets:
@@ -157,6 +159,16 @@ def empty_quantized_linears(model: nn.Module, method: str) -> int:
         "Quantized %d linear layers of the model to %s weights as read (torch reference forward)", len(targets), method
     )
     return len(targets)
+
+
+def check_quantizable(config, method: str) -> None:
+    """ValueError when quantization `method` cannot serve a model of config (a ModelConfig): the experts of a
+    Mixture-of-Experts model are stacked tensors run by the fused-experts op, which has no quantized form yet."""
+    if method != "none" and config.moe_layers:
+        raise ValueError(
+            f"--quantization {method} does not cover Mixture-of-Experts experts yet (family {config.family}); "
+            "serve this model with --quantization none"
+        )
 
 
 @torch.no_grad()

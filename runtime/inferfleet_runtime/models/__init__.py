@@ -13,7 +13,7 @@ from torch import nn
 
 from ..config import ConfigError, ModelConfig, as_ids, read_rope, refuse_quantized_checkpoint, resolve_dtype
 from ..kernels import KernelOps
-from . import gemma, llama, phi3, qwen2, qwen3
+from . import gemma, llama, moe, phi3, qwen2, qwen3
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family("phi3", ("Phi3ForCausalLM",), llama.LlamaModel, phi3.config_fields),
     "gemma2": Family("gemma2", ("Gemma2ForCausalLM",), gemma.GemmaModel, gemma.gemma2_config_fields),
     "gemma3_text": Family("gemma3_text", ("Gemma3ForCausalLM",), gemma.GemmaModel, gemma.gemma3_config_fields),
+    "mixtral": Family("mixtral", ("MixtralForCausalLM",), moe.MoeModel, moe.mixtral_config_fields),
+    "qwen3_moe": Family("qwen3_moe", ("Qwen3MoeForCausalLM",), moe.MoeModel, moe.qwen3_moe_config_fields),
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 FAMILIES_BY_NAME = {family.name: family for family in FAMILIES.values()}

@@ -34,7 +34,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.self_attn = Attention(config, ops, layer_index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = GatedMLP(config, ops)
+        self.mlp = self.make_mlp(config, ops, layer_index)
+
+    def make_mlp(self, config: ModelConfig, ops: KernelOps, layer_index: int) -> nn.Module:
+        """The layer's MLP: dense here; a Mixture-of-Experts family gives some layers a sparse one."""
+        return GatedMLP(config, ops)
 
     def forward(self, h, residual, positions, cos_sin_cache, attn: AttentionBackend):
         # The residual stream is carried separately so each norm fuses the preceding residual add.

@@ -134,10 +134,11 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{model_dir} is not a model directory (no config.json) nor a .gguf file")
         if gguf_file is None:  # a family this runtime cannot serve is refused here, in one line, not at load
             from inferfleet_runtime.config import ConfigError
+            from inferfleet_runtime.layers.quantized import check_quantizable
             from inferfleet_runtime.models import read_config_dir
 
             try:
-                read_config_dir(model_dir)
+                check_quantizable(read_config_dir(model_dir), config.quantization)
             except (ConfigError, ValueError, KeyError) as exc:
                 return _fail(f"cannot serve {model_dir}: {exc}")
         make_runner = _paged_runner(model_dir, config)

@@ -38,6 +38,15 @@ def test_harness_runs_end_to_end_on_tiny_cpu_shapes():
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if " yes " in line]
     names = " ".join(rows)
-    for kernel in ("rms_norm+residual", "silu_and_mul", "rotary", "write_kv", "paged decode", "paged prefill"):
+    kernels = (
+        "rms_norm+residual",
+        "silu_and_mul",
+        "rotary",
+        "write_kv",
+        "fused_experts",
+        "paged decode",
+        "paged prefill",
+    )
+    for kernel in kernels:
         assert kernel in names, result.stdout
     assert "all checks passed" in result.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferfleet_runtime.kernels import activation, kv_cache, paged_attention, rms_norm, rotary
+from inferfleet_runtime.kernels import activation, fused_moe, kv_cache, paged_attention, rms_norm, rotary
 from inferfleet_runtime.loader import load_model
 
 from ..paged_greedy import greedy_paged
@@ -16,6 +16,16 @@ CONFIGS = {
     "mqa-d80": dict(hidden_size=160, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96),
     # Mistral with a 5-token window: shorter than all but the shortest prompts, sliding across 4-token blocks.
     "mistral-window": dict(classes=("MistralConfig", "MistralForCausalLM"), num_key_value_heads=2, sliding_window=5),
+    # Mixture-of-Experts: 4 experts, top-2 (every layer sparse); Qwen3-MoE's q/k norms and unnormalised weights.
+    "mixtral-e4k2": dict(classes=("MixtralConfig", "MixtralForCausalLM"), num_local_experts=4, num_experts_per_tok=2),
+    "qwen3-moe-e4k2": dict(
+        classes=("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        head_dim=16,
+        norm_topk_prob=False,
+    ),
 }
 PROMPT_LENGTHS = [1, 3, 8, 13]
 NUM_NEW_TOKENS = 5
@@ -26,6 +36,7 @@ KERNELS = [
     rms_norm._rms_norm_kernel,
     rotary._rotary_kernel,
 ]
+MOE_KERNELS = [fused_moe._fused_moe_kernel]
 
 
 @pytest.mark.slow
@@ -38,12 +49,16 @@ def test_greedy_tokens_through_triton_kernels_match_reference(tiny_llama_factory
     expected = greedy_paged(reference.model, prompts, NUM_NEW_TOKENS, block_size=4, chunk_size=5)
 
     launched = set()
-    for kernel in KERNELS:
+    for kernel in KERNELS + MOE_KERNELS:
         on = kernel.on
         monkeypatch.setattr(kernel, "on", lambda device, kernel=kernel, on=on: launched.add(kernel) or on(device))
     triton_lm = load_model(model_dir, device="cpu", kernels="triton")
     got = greedy_paged(triton_lm.model, prompts, NUM_NEW_TOKENS, block_size=4, chunk_size=5)
 
-    assert launched == set(KERNELS), "every Triton kernel must have run"
+    sparse_layers = len(triton_lm.config.moe_layers)
+    expected_kernels = set(KERNELS + (MOE_KERNELS if sparse_layers else []))
+    if sparse_layers == triton_lm.config.num_layers:  # no dense MLP: the experts kernel fuses its SiLU-and-mul
+        expected_kernels.remove(activation._silu_and_mul_kernel)
+    assert launched == expected_kernels, "every Triton kernel the model has must have run"
     assert got == expected
     assert len({tuple(out) for out in expected}) == len(prompts), "degenerate reference outputs prove little"
