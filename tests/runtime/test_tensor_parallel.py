@@ -154,7 +154,7 @@ def tp_generate(model_dir: Path, world: int, kernels: str, prompts: list[list[in
 
 # Dense families, each through a layout tensor parallelism treats differently: split and replicated KV heads
 # (qwen3-bias-mqa has one), tied embeddings, q/k/v biases, fused checkpoint tensors (phi3), sliding windows,
-# Gemma's post-norms, soft-capping and embedding scale.
+# Gemma's post-norms, soft-capping and embedding scale, mixtures of experts (replicated).
 TP_CASES = [
     ("llama", 2, "auto"),
     ("llama", 4, "auto"),
@@ -165,6 +165,8 @@ TP_CASES = [
     ("phi3", 2, "auto"),
     ("gemma2-window", 2, "auto"),
     ("gemma3-text-window", 2, "reference"),
+    ("mixtral", 2, "auto"),  # experts replicated on every rank, attention split
+    ("qwen3-moe-unnormalised-dense-layer", 2, "auto"),  # and one dense MLP layer split
 ]
 
 
