@@ -96,3 +96,28 @@ def test_compiled_engine_caps_context_and_batch_at_the_envelope(compiled):
     assert compiled.block_manager.num_blocks == 4 * 4  # 4 slots of 64 tokens in blocks of 16
     with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
         compiled.check_length(60, 5)
+
+
+def test_choices_that_finish_at_different_steps_free_their_slots_and_match_paged(paged, compiled):
+    # Seeded sampling gives each choice its own stream, the same in both engines. The stop token is the first sample
+    # of a choice whose first token differs from choice 0's: that choice ends on its first token, the others go on.
+    prompt = PROMPTS[4]
+
+    def params(seed, stop=()):
+        return SamplingParams(temperature=1.5, seed=seed, max_tokens=8, n=3, ignore_eos=True, stop_token_ids=list(stop))
+
+    for seed in range(20):
+        firsts = [c.token_ids[0] for c in paged.generate([prompt], params(seed))[0].outputs]
+        if len(set(firsts)) > 1:
+            break
+    else:
+        pytest.fail("no seed in 20 gave choices with different first tokens")
+    stopper = next(i for i, t in enumerate(firsts) if t != firsts[0])
+    expected = [c.token_ids for c in paged.generate([prompt], params(seed, [firsts[stopper]]))[0].outputs]
+    got = [c.token_ids for c in compiled.generate([prompt], params(seed, [firsts[stopper]]))[0].outputs]
+    assert got == expected
+    assert len(got[stopper]) == 1 and len(got[0]) > 1  # one ended on its first token while another went on
+    # Every slot came back: a full batch of new requests still runs and matches, and no block is held.
+    lengths = [5, 5, 5, 5]
+    assert _greedy(compiled, PROMPTS[:4], lengths) == _greedy(paged, PROMPTS[:4], lengths)
+    assert compiled.block_manager.num_free_blocks == compiled.block_manager.num_blocks
