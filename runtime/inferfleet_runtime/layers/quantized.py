@@ -9,12 +9,15 @@ by at most s / 2 and the output y = x W^T by at most sum_c |x[c]| * s[r, g(c)] /
 Layouts (out rows, `in` columns, G = in / group_size groups per row):
 - qweight: int8 [out, in] for 8 bits; uint8 [out, in / 2] for 4 bits, column 2k in the low nibble and 2k+1 in
   the high one, each nibble holding q + 8 (q in [-8, 7]);
-- scales: [out, G] in the serving dtype; zeros: None (symmetric) or int8 [out, G] in q's range.
+- scales: [out, G] in the serving dtype; zeros: None (symmetric) or int8 [out, G] in q's range;
+- offsets: None, or [out, G] in the serving dtype added to every weight of the group (GGUF Q4_1's min, which is
+  no integer zero point): W[r, c] = (q - z) * s + offset.
 Every tensor is per output row, so a fused projection's row range (q/k/v, gate/up) is a narrow along dim 0.
 
-The forward dequantizes the whole weight per call into the serving dtype and runs one matmul: correct first, it
-reads the weight about three times per call. Native and Triton kernels that read the packed weights directly are
-not built yet (docs/known-gaps.md).
+The forward here dequantizes the whole weight per call into the serving dtype and runs one matmul: the reference,
+reading the weight about three times per call. On the native CPU backend, layers.pack_linears swaps each layer for
+a layers.linear.NativeQuantizedLinear, whose C matmul reads the packed integers directly (kernels/native.c), and
+the whole-stack native forward takes them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class QuantizedLinear(nn.Module):
         has_zeros: bool = False,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        has_offsets: bool = False,
     ):
         super().__init__()
         if bits not in (4, 8):
@@ -59,6 +63,8 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("scales", torch.ones(out_features, num_groups, dtype=dtype, device=device))
         zeros = torch.zeros(out_features, num_groups, dtype=torch.int8, device=device) if has_zeros else None
         self.register_buffer("zeros", zeros)
+        offsets = torch.zeros(out_features, num_groups, dtype=dtype, device=device) if has_offsets else None
+        self.register_buffer("offsets", offsets)
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if has_bias else None)
 
     @classmethod
@@ -87,7 +93,10 @@ class QuantizedLinear(nn.Module):
         q = self.int_weight().view(self.out_features, -1, self.group_size).to(self.scales.dtype)  # [out, G, gs]
         if self.zeros is not None:
             q = q - self.zeros.to(q.dtype)[..., None]
-        return (q * self.scales[..., None]).view(self.out_features, self.in_features)
+        w = q * self.scales[..., None]
+        if self.offsets is not None:
+            w = w + self.offsets[..., None]
+        return w.view(self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.dequantize(), self.bias)  # [T, in] -> [T, out]
