@@ -14,7 +14,7 @@ from safetensors import safe_open
 from .compressed_checkpoint import convert_weights, replace_linears, scheme_of_dir
 from .config import ModelConfig
 from .device import pick_device
-from .gguf_checkpoint import find_gguf, load_gguf
+from .gguf_checkpoint import find_gguf, load_gguf, replace_gguf_linears
 from .kernels import get_ops
 from .layers.quantized import QuantizedLinear, empty_quantized_linears, quantize_as_read, quantized_tensors
 from .models import build_model, read_config_dir
@@ -58,7 +58,7 @@ def load_model(
     gguf_file = find_gguf(model_dir)
     scheme = None
     if gguf_file is not None:
-        config, tokenizer, weights = load_gguf(gguf_file, dtype)
+        config, tokenizer, weights = load_gguf(gguf_file, dtype, keep_quantized=quantization == "none")
     else:
         config = read_config_dir(model_dir, dtype=dtype)
         tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
@@ -75,6 +75,8 @@ def load_model(
         model = build_model(config, get_ops(kernels, config.dtype, device)).to(config.dtype)
         if scheme is not None:
             replace_linears(model, scheme, config.dtype)
+        elif gguf_file is not None and weights.kept:  # the file's Q8_0 / Q4_0 / Q4_1 linears stay quantized
+            replace_gguf_linears(model, weights.kept, config.dtype)
         elif empty_quantized_linears(model, quantization):
             weights = _quantized_as_read(weights, model)
     model = model.to_empty(device=device)
