@@ -83,6 +83,9 @@ def load_model(
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
+    for layer in model.modules():  # quantized linears run the backend's kernel where it has one
+        if isinstance(layer, QuantizedLinear):
+            layer.matmul = model.ops.quantized_matmul
     model.init_rope()
     return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import activation, kv_cache, native, paged_attention, rms_norm, rotary
+from . import activation, kv_cache, native, paged_attention, quantized_matmul, rms_norm, rotary
 from ._triton import HAS_TRITON
 
 BACKENDS = ("reference", "triton", "native", "auto")
@@ -24,6 +24,9 @@ class KernelOps:
     silu_and_mul: Callable
     write_kv: Callable
     paged_attention: Callable
+    # Weight-only int8/int4 matmul (kernels/quantized_matmul.py) for layers.quantized.QuantizedLinear; None: the
+    # layer's own torch reference (the native backend packs those layers for native.c instead, layers.linear).
+    quantized_matmul: Callable | None = None
 
 
 REFERENCE_OPS = KernelOps(
@@ -42,6 +45,7 @@ TRITON_OPS = KernelOps(
     silu_and_mul=activation.silu_and_mul,
     write_kv=kv_cache.write_kv,
     paged_attention=paged_attention.paged_attention,
+    quantized_matmul=quantized_matmul.quantized_matmul,
 )
 
 NATIVE_OPS = KernelOps(
