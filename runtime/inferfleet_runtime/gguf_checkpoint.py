@@ -226,11 +226,21 @@ class GGUFCheckpoint:
             linear = FUSED_PARTS.get(parts[2], parts[2])
             if linear in RUNTIME_LINEARS:
                 types.setdefault(f"layers.{parts[1]}.{RUNTIME_LINEARS[linear]}", set()).add(tensor.tensor_type.name)
-        return {
+        kept = {
             module: KEPT_TYPES[next(iter(kinds))]
             for module, kinds in types.items()
             if len(kinds) == 1 and next(iter(kinds)) in KEPT_TYPES
         }
+        # The LM head from the file's own blocks (output.weight, or the tied token embedding, which itself is
+        # dequantized for the lookups), so logits are those of the file's weights.
+        head = self._head_tensor()
+        if kept and head is not None and head.tensor_type.name in KEPT_TYPES:
+            kept["lm_head"] = KEPT_TYPES[head.tensor_type.name]
+        return kept
+
+    def _head_tensor(self):
+        by_name = {t.name: t for t in self._reader.tensors}
+        return by_name.get("output.weight", by_name.get("token_embd.weight"))
 
     def weights(
         self, config: ModelConfig, kept: dict[str, tuple[int, bool]] | None = None
@@ -243,6 +253,7 @@ class GGUFCheckpoint:
         from .layers.quantized import pack_int4
 
         names = _hf_names(config.num_layers)
+        head = self._head_tensor() if kept and "lm_head" in kept else None
         dequantized: Counter[str] = Counter()
         for tensor in self._reader.tensors:
             if tensor.name not in names:
@@ -250,19 +261,22 @@ class GGUFCheckpoint:
             qtype = tensor.tensor_type.name
             shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest-varying dim first
             hf_name = names[tensor.name]
-            if kept and _runtime_module(hf_name) in kept:
+            module = "lm_head" if head is not None and tensor.name == head.name else None
+            if kept and module is None and _runtime_module(hf_name) in kept:
+                module = hf_name.removesuffix(".weight")
+            if module is not None:
                 q, scales, offsets = split_blocks(np.asarray(tensor.data), qtype, shape)
                 heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}.get(hf_name.split(".")[-2])
                 if heads:
                     q, scales = rope_rows_half_split(q, heads), rope_rows_half_split(scales, heads)
                     offsets = None if offsets is None else rope_rows_half_split(offsets, heads)
-                module = hf_name.removesuffix(".weight")
                 q = torch.from_numpy(np.ascontiguousarray(q))
                 yield f"{module}.qweight", pack_int4(q) if KEPT_TYPES[qtype][0] == 4 else q
                 yield f"{module}.scales", torch.tensor(scales, dtype=config.dtype)
                 if offsets is not None:
                     yield f"{module}.offsets", torch.tensor(offsets, dtype=config.dtype)
-                continue
+                if tensor.name != "token_embd.weight":  # the tied embedding is also needed in float
+                    continue
             if qtype in PASS_THROUGH_TYPES:
                 array = np.asarray(tensor.data)
             else:

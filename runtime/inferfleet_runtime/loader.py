@@ -16,7 +16,13 @@ from .config import ModelConfig
 from .device import pick_device
 from .gguf_checkpoint import find_gguf, load_gguf, replace_gguf_linears
 from .kernels import get_ops
-from .layers.quantized import QuantizedLinear, empty_quantized_linears, quantize_as_read, quantized_tensors
+from .layers.quantized import (
+    QuantizedLinear,
+    empty_quantized_linears,
+    quantize_as_read,
+    quantize_lm_head,
+    quantized_tensors,
+)
 from .models import build_model, read_config_dir
 from .tokenizer import Tokenizer
 
@@ -80,9 +86,11 @@ def load_model(
         elif empty_quantized_linears(model, quantization):
             weights = _quantized_as_read(weights, model)
     model = model.to_empty(device=device)
-    if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
+    if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):  # to_empty unties them
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
+    if scheme is None:  # --quantization or a GGUF file's kept blocks; a compressed-tensors checkpoint says itself
+        quantize_lm_head(model)
     for layer in model.modules():  # quantized linears run the backend's kernel where it has one
         if isinstance(layer, QuantizedLinear):
             layer.matmul = model.ops.quantized_matmul

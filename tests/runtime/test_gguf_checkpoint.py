@@ -167,8 +167,10 @@ def test_kept_linears_hold_the_files_integers_and_equal_its_dequantized_weights(
     path = gguf_files[False, file_type]
     dequantized = dict(load_gguf(path)[2])
     model = load_model(path, kernels="reference").model
-    quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    quantized = [m for m in model.layers.modules() if isinstance(m, QuantizedLinear)]
     assert len(quantized) == 4 * model.config.num_layers  # qkv, o, gate_up, down of every layer
+    assert model.lm_head.group_size == 32  # the file's own output blocks
+    torch.testing.assert_close(model.lm_head.dequantize(), dequantized["lm_head.weight"], rtol=0, atol=1e-6)
     assert {m.bits for m in quantized} == {8 if file_type == "Q8_0" else 4}
     assert all((m.offsets is not None) == (file_type == "Q4_1") for m in quantized)
     layer = model.layers[1]
@@ -303,13 +305,16 @@ def smollm2() -> Path:
 
 
 @pytest.mark.slow
-def test_smollm2_answers_the_capital_of_france_as_transformers_does(smollm2):
+@pytest.mark.parametrize("kernels", ["reference", "native"])
+def test_smollm2_answers_the_capital_of_france_as_transformers_does(smollm2, kernels):
+    # The file's Q4_1 linears (and its Q8_0 head) kept quantized, run by the torch reference or native.c.
     from inferfleet_runtime.engine import LLMEngine
     from inferfleet_runtime.engine_config import EngineConfig
     from inferfleet_runtime.model_runner import ModelRunner
     from inferfleet_runtime.sampling import SamplingParams
 
-    loaded = load_model(smollm2, kernels="reference")
+    loaded = load_model(smollm2, kernels=kernels)
+    assert isinstance(loaded.model.lm_head, QuantizedLinear) and loaded.model.lm_head.bits == 8
     prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     prompt_ids = loaded.tokenizer.encode(prompt)
     config = EngineConfig(block_size=16, num_kv_blocks=64)

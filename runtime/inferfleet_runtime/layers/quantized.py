@@ -14,6 +14,9 @@ Layouts (out rows, `in` columns, G = in / group_size groups per row):
   no integer zero point): W[r, c] = (q - z) * s + offset.
 Every tensor is per output row, so a fused projection's row range (q/k/v, gate/up) is a narrow along dim 0.
 
+A quantized model's lm_head is quantized too, to int8 per vocabulary row, once its weights are loaded
+(quantize_lm_head); the embedding stays float.
+
 The forward here dequantizes the whole weight per call into the serving dtype and runs one matmul: the reference,
 reading the weight about three times per call. On the native CPU backend, layers.pack_linears swaps each layer for
 a layers.linear.NativeQuantizedLinear, whose C matmul reads the packed integers directly (kernels/native.c), and
@@ -177,6 +180,20 @@ def quantize_as_read(layer: QuantizedLinear, weight: torch.Tensor) -> tuple[torc
     """(qweight, scales) of a float weight (or a fused part of one: its rows) in layer's layout."""
     q, scales = quantize_symmetric(weight.to(layer.scales.dtype), layer.bits, layer.group_size)
     return (pack_int4(q) if layer.bits == 4 else q), scales
+
+
+@torch.no_grad()
+def quantize_lm_head(model: nn.Module) -> bool:
+    """A quantized model's float lm_head [vocab, hidden] becomes an int8 QuantizedLinear (one scale per vocabulary
+    row), quantized from its loaded weight (the embedding's, when tied: the embedding itself stays float for the
+    lookups). On a small model it is the largest matrix a decode step reads (SmolLM2-135M: 28M of its 135M
+    weights). Returns whether it was replaced (not for a float model, nor an lm_head that is already quantized)."""
+    head = getattr(model, "lm_head", None)
+    if not has_quantized_linears(model) or type(head) is not nn.Linear:
+        return False
+    model.lm_head = QuantizedLinear.from_float(head, 8)
+    log.info("Quantized lm_head [%d, %d] to int8 per row", head.out_features, head.in_features)
+    return True
 
 
 def has_quantized_linears(model: nn.Module) -> bool:
