@@ -1,12 +1,16 @@
 """Reads a GGUF checkpoint (llama.cpp's one-file format) as what the loader needs: an HF-style config, a tokenizer
-and Hugging Face-named weights, dequantized to the serving dtype.
+and Hugging Face-named weights: the decoder's Q8_0, Q4_0 and Q4_1 matrices kept quantized (QuantizedLinear's
+layout, groups of 32) when the loader asks, everything else dequantized to the serving dtype.
 
 Layout facts this module relies on (GGUF spec, llama.cpp's converter):
 - metadata keys `general.architecture` = "llama" and `llama.*` give the shape; `tokenizer.ggml.*` the vocabulary;
 - a tensor of GGUF shape [ne0, ne1] holds ne1 rows of ne0 values, i.e. an HF [out, in] matrix is [in, out] there;
 - q/k projection rows are permuted per head for llama.cpp's adjacent-pair RoPE: the inverse of
   `bench.gguf_export.rope_rows_interleaved` brings them back to HF's half-split pairs;
-- a file without `output.weight` ties the LM head to the token embedding.
+- a file without `output.weight` ties the LM head to the token embedding;
+- blocks of 32 weights along a row (ggml-common.h): Q8_0 = f16 scale d + 32 int8 (w = d q); Q4_0 = d + 16 bytes
+  of nibbles (w = d (u - 8)); Q4_1 = d, f16 min m + 16 bytes (w = d u + m); byte j holds element j in its low
+  nibble and element j + 16 in its high one.
 """
 
 from __future__ import annotations
@@ -40,6 +44,17 @@ SUPPORTED_TOKENIZER_MODELS = ("gpt2",)  # byte-level BPE
 # Pre-tokenizer names (`tokenizer.ggml.pre`) whose split is GPT-2's byte-level regex, as transformers builds it.
 BYTE_LEVEL_PRE_TOKENIZERS = ("default", "gpt2", "smollm")
 PASS_THROUGH_TYPES = ("F32", "F16")
+# GGUF types kept quantized: type -> (bits, has a per-block min); block of 32 weights with an f16 scale each.
+KEPT_TYPES = {"Q8_0": (8, False), "Q4_0": (4, False), "Q4_1": (4, True)}
+GGUF_BLOCK = 32
+# Projections the runtime fuses into one linear (loader._FUSED): kept quantized only when every part has one type.
+FUSED_PARTS = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}
+RUNTIME_LINEARS = {
+    "qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "gate_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4  # llama.cpp token types
 
 # GGUF name -> HF name; per-layer names carry "{n}".
@@ -73,17 +88,31 @@ def find_gguf(path: str | Path) -> Path | None:
     return found[0] if found else None
 
 
+class GGUFWeights:
+    """The weights of a GGUF file as (HF name, tensor), read lazily; `kept` maps each decoder linear kept quantized
+    (its name in the runtime model, e.g. "layers.0.self_attn.qkv_proj") to (bits, has offsets), whose tensors come
+    as `<module>.qweight`, `.scales` and (Q4_1) `.offsets` in QuantizedLinear's layout."""
+
+    def __init__(self, checkpoint: GGUFCheckpoint, config: ModelConfig, keep_quantized: bool):
+        self.checkpoint, self.config = checkpoint, config
+        self.kept = checkpoint.kept_quantized(config.num_layers) if keep_quantized else {}
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.checkpoint.weights(self.config, self.kept)
+
+
 def load_gguf(
-    path: str | Path, dtype: str | torch.dtype | None = None
-) -> tuple[ModelConfig, Tokenizer, Iterator[tuple[str, torch.Tensor]]]:
+    path: str | Path, dtype: str | torch.dtype | None = None, keep_quantized: bool = False
+) -> tuple[ModelConfig, Tokenizer, GGUFWeights]:
     """(config, tokenizer, weights) for a GGUF file; the config is named after the file's stem and its dtype is
-    `dtype` (float32 when unset, whatever the file stores); the weights are read lazily."""
+    `dtype` (float32 when unset, whatever the file stores); the weights are read lazily, with the decoder's Q8_0,
+    Q4_0 and Q4_1 linears kept quantized when keep_quantized (GGUFWeights.kept says which)."""
     from .models import read_config
 
     checkpoint = GGUFCheckpoint(path)
     config = read_config(checkpoint.hf_config(), name=checkpoint.path.stem, dtype=dtype)
     tokenizer = checkpoint.tokenizer(extra_eos_token_ids=config.eos_token_ids)
-    return config, tokenizer, checkpoint.weights(config)
+    return config, tokenizer, GGUFWeights(checkpoint, config, keep_quantized)
 
 
 class GGUFCheckpoint:
@@ -186,18 +215,68 @@ class GGUFCheckpoint:
             )
         return Tokenizer(backend, special, meta.get("tokenizer.chat_template"), extra_eos_token_ids)
 
-    def weights(self, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor in config.dtype) for every tensor, q/k rows back in HF's RoPE order."""
+    def kept_quantized(self, num_layers: int) -> dict[str, tuple[int, bool]]:
+        """The runtime linears whose GGUF tensors (every part, for a fused one) share one type of KEPT_TYPES:
+        module name -> (bits, has offsets)."""
+        types: dict[str, set[str]] = {}
+        for tensor in self._reader.tensors:
+            parts = tensor.name.split(".")
+            if len(parts) != 4 or parts[0] != "blk" or parts[3] != "weight" or not parts[1].isdigit():
+                continue
+            linear = FUSED_PARTS.get(parts[2], parts[2])
+            if linear in RUNTIME_LINEARS:
+                types.setdefault(f"layers.{parts[1]}.{RUNTIME_LINEARS[linear]}", set()).add(tensor.tensor_type.name)
+        kept = {
+            module: KEPT_TYPES[next(iter(kinds))]
+            for module, kinds in types.items()
+            if len(kinds) == 1 and next(iter(kinds)) in KEPT_TYPES
+        }
+        # The LM head from the file's own blocks (output.weight, or the tied token embedding, which itself is
+        # dequantized for the lookups), so logits are those of the file's weights.
+        head = self._head_tensor()
+        if kept and head is not None and head.tensor_type.name in KEPT_TYPES:
+            kept["lm_head"] = KEPT_TYPES[head.tensor_type.name]
+        return kept
+
+    def _head_tensor(self):
+        by_name = {t.name: t for t in self._reader.tensors}
+        return by_name.get("output.weight", by_name.get("token_embd.weight"))
+
+    def weights(
+        self, config: ModelConfig, kept: dict[str, tuple[int, bool]] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor in config.dtype) for every tensor, q/k rows back in HF's RoPE order; the tensors of the
+        linears in `kept` (kept_quantized) as `<HF module>.qweight`, `.scales` and `.offsets` instead."""
         import torch
         from gguf.quants import dequantize
 
+        from .layers.quantized import pack_int4
+
         names = _hf_names(config.num_layers)
+        head = self._head_tensor() if kept and "lm_head" in kept else None
         dequantized: Counter[str] = Counter()
         for tensor in self._reader.tensors:
             if tensor.name not in names:
                 raise GGUFError(f"{self.path.name}: tensor {tensor.name!r} has no place in a Llama")
             qtype = tensor.tensor_type.name
             shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest-varying dim first
+            hf_name = names[tensor.name]
+            module = "lm_head" if head is not None and tensor.name == head.name else None
+            if kept and module is None and _runtime_module(hf_name) in kept:
+                module = hf_name.removesuffix(".weight")
+            if module is not None:
+                q, scales, offsets = split_blocks(np.asarray(tensor.data), qtype, shape)
+                heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}.get(hf_name.split(".")[-2])
+                if heads:
+                    q, scales = rope_rows_half_split(q, heads), rope_rows_half_split(scales, heads)
+                    offsets = None if offsets is None else rope_rows_half_split(offsets, heads)
+                q = torch.from_numpy(np.ascontiguousarray(q))
+                yield f"{module}.qweight", pack_int4(q) if KEPT_TYPES[qtype][0] == 4 else q
+                yield f"{module}.scales", torch.tensor(scales, dtype=config.dtype)
+                if offsets is not None:
+                    yield f"{module}.offsets", torch.tensor(offsets, dtype=config.dtype)
+                if tensor.name != "token_embd.weight":  # the tied embedding is also needed in float
+                    continue
             if qtype in PASS_THROUGH_TYPES:
                 array = np.asarray(tensor.data)
             else:
@@ -205,7 +284,6 @@ class GGUFCheckpoint:
                 if qtype != "BF16":
                     dequantized[qtype] += 1
             array = array.reshape(shape)
-            hf_name = names[tensor.name]
             if hf_name.endswith("q_proj.weight"):
                 array = rope_rows_half_split(array, config.num_heads)
             elif hf_name.endswith("k_proj.weight"):
@@ -214,6 +292,60 @@ class GGUFCheckpoint:
         if dequantized:
             kinds = ", ".join(f"{count} {qtype}" for qtype, count in sorted(dequantized.items()))
             logger.info("Dequantized %s tensors of %s to %s", kinds, self.path.name, str(config.dtype).split(".")[-1])
+        if kept:
+            logger.info(
+                "Kept %d linears of %s quantized (Q8_0 / Q4_0 / Q4_1 as int8 / int4)", len(kept), self.path.name
+            )
+
+
+def split_blocks(
+    raw: np.ndarray, qtype: str, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A Q8_0 / Q4_0 / Q4_1 matrix's bytes [rows, bytes per row] -> (q int8 [rows, cols] in [-128, 127] or
+    [-8, 7], scales float32 [rows, cols / 32], offsets float32 [rows, cols / 32] or None) with
+    w = q * scale + offset, element for element what the block formats (module docstring) decode to."""
+    rows, cols = shape
+    if cols % GGUF_BLOCK:
+        raise GGUFError(f"a {qtype} matrix needs a multiple of {GGUF_BLOCK} columns, got {cols}")
+    blocks = raw.reshape(rows, cols // GGUF_BLOCK, -1)  # [rows, G, bytes per block]
+    d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, G]
+    if qtype == "Q8_0":
+        q = blocks[..., 2:].copy().view(np.int8)
+        return q.reshape(rows, cols), d, None
+    nibbles = blocks[..., 4:] if qtype == "Q4_1" else blocks[..., 2:]  # [rows, G, 16]
+    u = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=-1)  # element j, then j + 16
+    q = (u.astype(np.int8) - 8).reshape(rows, cols)
+    if qtype == "Q4_0":
+        return q, d, None
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    return q, d, m + 8 * d  # d u + m = d (u - 8) + (m + 8 d)
+
+
+_FUSED_HF = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+             "up_proj": "gate_up_proj"}  # fmt: skip
+
+
+def _runtime_module(hf_name: str) -> str:
+    """The runtime linear an HF weight name lands in: model.layers.0.self_attn.q_proj.weight ->
+    layers.0.self_attn.qkv_proj."""
+    prefix, _, proj = hf_name.removeprefix("model.").removesuffix(".weight").rpartition(".")
+    return f"{prefix}.{_FUSED_HF.get(proj, proj)}"
+
+
+def replace_gguf_linears(model, kept: dict[str, tuple[int, bool]], dtype) -> int:
+    """Swaps each linear in `kept` (GGUFWeights.kept) for an empty QuantizedLinear of its GGUF layout (groups of
+    32, offsets for Q4_1); call on the meta device, before the weights are loaded. Returns how many."""
+    from .layers.quantized import QuantizedLinear
+
+    for name, (bits, has_offsets) in kept.items():
+        linear = model.get_submodule(name)
+        quantized = QuantizedLinear(
+            linear.in_features, linear.out_features, bits, GGUF_BLOCK, linear.bias is not None,
+            dtype=dtype, device=linear.weight.device, has_offsets=has_offsets,
+        )  # fmt: skip
+        parent_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), leaf, quantized)
+    return len(kept)
 
 
 def rope_rows_half_split(weight: np.ndarray, num_heads: int) -> np.ndarray:

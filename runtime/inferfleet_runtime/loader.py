@@ -15,11 +15,17 @@ from safetensors import safe_open
 from .compressed_checkpoint import convert_weights, replace_linears, scheme_of_dir
 from .config import ModelConfig
 from .device import pick_device
-from .gguf_checkpoint import find_gguf, load_gguf
+from .gguf_checkpoint import find_gguf, load_gguf, replace_gguf_linears
 from .kernels import get_ops
 from .layers import moe
 from .layers.parallel import TensorParallel, local_config, parallelize, shard_weights
-from .layers.quantized import QuantizedLinear, empty_quantized_linears, quantize_as_read, quantized_tensors
+from .layers.quantized import (
+    QuantizedLinear,
+    empty_quantized_linears,
+    quantize_as_read,
+    quantize_lm_head,
+    quantized_tensors,
+)
 from .models import build_model, read_config_dir
 from .tokenizer import Tokenizer
 
@@ -65,7 +71,9 @@ def load_model(
     gguf_file = find_gguf(model_dir)
     scheme = None
     if gguf_file is not None:
-        config, tokenizer, weights = load_gguf(gguf_file, dtype)
+        # Kept quantized on one rank; tensor parallelism shards float weights, so its ranks dequantize.
+        sharded = tensor_parallel is not None and tensor_parallel.world > 1
+        config, tokenizer, weights = load_gguf(gguf_file, dtype, keep_quantized=quantization == "none" and not sharded)
     else:
         config = read_config_dir(model_dir, dtype=dtype)
         tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
@@ -88,12 +96,19 @@ def load_model(
         model = build_model(model_config, get_ops(kernels, config.dtype, device)).to(config.dtype)
         if scheme is not None:
             replace_linears(model, scheme, config.dtype)
+        elif gguf_file is not None and weights.kept:  # the file's Q8_0 / Q4_0 / Q4_1 linears stay quantized
+            replace_gguf_linears(model, weights.kept, config.dtype)
         elif empty_quantized_linears(model, quantization):
             weights = _quantized_as_read(weights, model)
     model = model.to_empty(device=device)
-    if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
+    if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):  # to_empty unties them
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
+    if scheme is None:  # --quantization or a GGUF file's kept blocks; a compressed-tensors checkpoint says itself
+        quantize_lm_head(model)
+    for layer in model.modules():  # quantized linears run the backend's kernel where it has one
+        if isinstance(layer, QuantizedLinear):
+            layer.matmul = model.ops.quantized_matmul
     model.init_rope()
     if model_config is not config:
         replicated = parallelize(model, tensor_parallel, config.vocab_size)

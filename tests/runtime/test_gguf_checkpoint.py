@@ -13,7 +13,17 @@ import torch
 from inferfleet_runtime import real_model
 from inferfleet_runtime.bench.gguf_export import write_gguf
 from inferfleet_runtime.cli import main
-from inferfleet_runtime.gguf_checkpoint import GGUFCheckpoint, GGUFError, field_value, find_gguf, load_gguf
+from inferfleet_runtime.gguf_checkpoint import (
+    GGUFCheckpoint,
+    GGUFError,
+    field_value,
+    find_gguf,
+    load_gguf,
+    split_blocks,
+)
+from inferfleet_runtime.kernels import native
+from inferfleet_runtime.layers.linear import NativeQuantizedLinear, pack_linears
+from inferfleet_runtime.layers.quantized import QuantizedLinear
 from inferfleet_runtime.loader import load_model
 
 from .paged_greedy import greedy_paged, hf_greedy
@@ -28,7 +38,9 @@ TOLERANCES = {
     "BF16": (0.0, 8e-3),
     "Q8_0": (1e-6, 0.02),
     "Q4_1": (1e-6, 0.15),
+    "Q4_0": (1e-6, 0.2),
 }
+KEPT = ["Q8_0", "Q4_0", "Q4_1"]  # the types whose linears stay quantized in memory
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7, 8, 200], [1, 2, 3], [33] * 20]
 TEXTS = [
     "What is the capital of France?",
@@ -130,7 +142,57 @@ def test_weights_equal_transformers_gguf_load_and_the_original(gguf_files, untie
         torch.testing.assert_close(tensor, original[name], atol=to_original, rtol=0, msg=name)
 
 
-@pytest.mark.parametrize("file_type", ["F32", "Q8_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", KEPT)
+@pytest.mark.parametrize("shape", [(3, 32), (70, 96), (1, 640)])
+def test_kept_blocks_decode_as_the_gguf_package_dequantizes(qtype, shape):
+    kind = gguf.GGMLQuantizationType[qtype]
+    data = np.random.default_rng(shape[0]).standard_normal(shape).astype(np.float32)
+    data[0, :32] = 0.0  # an all-zero block
+    raw = gguf.quants.quantize(data, kind)
+    q, scales, offsets = split_blocks(raw, qtype, shape)
+    w = (q.reshape(shape[0], -1, 32) * scales[..., None] + (0 if offsets is None else offsets[..., None])).reshape(
+        shape
+    )
+    np.testing.assert_allclose(w, gguf.quants.dequantize(raw, kind), rtol=1e-6, atol=1e-6)
+    assert q.dtype == np.int8 and (q.min() >= -8 and q.max() <= 7 if qtype != "Q8_0" else True)
+
+
+def test_kept_blocks_refuse_a_row_that_is_no_whole_number_of_blocks():
+    with pytest.raises(GGUFError, match="multiple of 32 columns"):
+        split_blocks(np.zeros((2, 34), np.uint8), "Q8_0", (2, 48))
+
+
+@pytest.mark.parametrize("file_type", KEPT)
+def test_kept_linears_hold_the_files_integers_and_equal_its_dequantized_weights(gguf_files, file_type):
+    path = gguf_files[False, file_type]
+    dequantized = dict(load_gguf(path)[2])
+    model = load_model(path, kernels="reference").model
+    quantized = [m for m in model.layers.modules() if isinstance(m, QuantizedLinear)]
+    assert len(quantized) == 4 * model.config.num_layers  # qkv, o, gate_up, down of every layer
+    assert model.lm_head.group_size == 32  # the file's own output blocks
+    torch.testing.assert_close(model.lm_head.dequantize(), dequantized["lm_head.weight"], rtol=0, atol=1e-6)
+    assert {m.bits for m in quantized} == {8 if file_type == "Q8_0" else 4}
+    assert all((m.offsets is not None) == (file_type == "Q4_1") for m in quantized)
+    layer = model.layers[1]
+    qkv = torch.cat([dequantized[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
+    torch.testing.assert_close(layer.self_attn.qkv_proj.dequantize(), qkv, rtol=0, atol=1e-6)
+    down = dequantized["model.layers.1.mlp.down_proj.weight"]
+    torch.testing.assert_close(layer.mlp.down_proj.dequantize(), down, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
+@pytest.mark.parametrize("file_type", KEPT)
+def test_kept_linears_give_the_same_greedy_tokens_on_the_native_kernels(gguf_files, file_type):
+    path = gguf_files[True, file_type]
+    expected = greedy_paged(load_model(path, kernels="reference").model, PROMPTS, 12)
+    model = load_model(path, kernels="native").model
+    pack_linears(model)
+    assert model.native_weights is not None
+    assert isinstance(model.layers[0].mlp.gate_up_proj, NativeQuantizedLinear)
+    assert greedy_paged(model, PROMPTS, 12) == expected
+
+
+@pytest.mark.parametrize("file_type", ["F32", "Q8_0", "Q4_1", "Q4_0"])
 @pytest.mark.parametrize("is_tied", [False, True])
 def test_greedy_tokens_equal_transformers_on_the_same_file(gguf_files, is_tied, file_type):
     path = gguf_files[is_tied, file_type]
@@ -243,13 +305,16 @@ def smollm2() -> Path:
 
 
 @pytest.mark.slow
-def test_smollm2_answers_the_capital_of_france_as_transformers_does(smollm2):
+@pytest.mark.parametrize("kernels", ["reference", "native"])
+def test_smollm2_answers_the_capital_of_france_as_transformers_does(smollm2, kernels):
+    # The file's Q4_1 linears (and its Q8_0 head) kept quantized, run by the torch reference or native.c.
     from inferfleet_runtime.engine import LLMEngine
     from inferfleet_runtime.engine_config import EngineConfig
     from inferfleet_runtime.model_runner import ModelRunner
     from inferfleet_runtime.sampling import SamplingParams
 
-    loaded = load_model(smollm2, kernels="reference")
+    loaded = load_model(smollm2, kernels=kernels)
+    assert isinstance(loaded.model.lm_head, QuantizedLinear) and loaded.model.lm_head.bits == 8
     prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     prompt_ids = loaded.tokenizer.encode(prompt)
     config = EngineConfig(block_size=16, num_kv_blocks=64)

@@ -30,6 +30,8 @@ import httpx
 from inferfleet_runtime import OMP_WAIT_POLICY_IS_DEFAULT
 
 OURS, LLAMA = "inferfleet", "llama-server"
+# `serve --quantization` -> the GGUF matrix type llama-server gets for the same weights (bench.gguf_export).
+QUANTIZATION_GGUF = {"none": "F32", "int8": "Q8_0", "int4": "Q4_0"}
 # Environment that changes the servers' speed, printed with their commands: OpenMP's (torch and this llama-server
 # build both load libgomp) and llama.cpp's own.
 SPEED_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "LLAMA_ARG_")
@@ -75,7 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gguf",
         metavar="FILE",
         default=None,
-        help="GGUF of the same weights (default: written from --model with the gguf package)",
+        help="GGUF of the same weights (default: written from --model with the gguf package, its matrices in "
+        "the type --quantization matches)",
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=sorted(QUANTIZATION_GGUF),
+        default="none",
+        help="serve this runtime with `--quantization` (weight-only int8 per channel, int4 group-wise) and "
+        "llama-server on a GGUF of the matching type: none = F32, int8 = Q8_0, int4 = Q4_0 (default none)",
     )
     parser.add_argument("--concurrency", default="1,8,32", help="requests in flight, comma-separated")
     parser.add_argument("--num-prompts", type=_positive_int, default=64)
@@ -110,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
     llama = args.llama_server or shutil.which("llama-server")
     if args.llama_server and not (os.path.isfile(llama) and os.access(llama, os.X_OK)):
         return fail(f"--llama-server {llama} is not an executable file")
-    specs = [ours_spec(model_dir, args.serve_args)]
+    serve_args = args.serve_args + ("" if args.quantization == "none" else f" --quantization {args.quantization}")
+    specs = [ours_spec(model_dir, serve_args)]
     if llama:
-        gguf = Path(args.gguf) if args.gguf else gguf_for(model_dir)
+        gguf = Path(args.gguf) if args.gguf else gguf_for(model_dir, QUANTIZATION_GGUF[args.quantization])
         specs.append(llama_spec(llama, gguf, args))
     else:
         print("llama-server: not found (not on PATH, no --llama-server): benchmarking inferfleet alone", flush=True)
@@ -143,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             "rounds": args.rounds,
             "seed": args.seed,
             "llama_server_found": bool(llama),
+            "quantization": args.quantization,
             "cpu_count": os.cpu_count(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -177,14 +189,14 @@ def default_model() -> Path:
     return out
 
 
-def gguf_for(model_dir: Path) -> Path:
-    """model_dir's GGUF (float32), written beside the checkpoint on first use."""
+def gguf_for(model_dir: Path, qtype: str = "F32") -> Path:
+    """model_dir's GGUF with its matrices in qtype (F32, Q8_0, Q4_0), written beside the checkpoint on first use."""
     from .gguf_export import write_gguf
 
-    path = model_dir / "model-f32.gguf"
+    path = model_dir / f"model-{qtype.lower()}.gguf"
     if not path.is_file():
         tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        write_gguf(model_dir, tmp)
+        write_gguf(model_dir, tmp, qtype)
         tmp.rename(path)
     return path
 

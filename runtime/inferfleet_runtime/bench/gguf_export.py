@@ -66,9 +66,17 @@ def tokenizer_vocab(model_dir: Path, vocab_size: int) -> tuple[list[str], list[i
     return tokens, types, merges
 
 
-def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
-    """Writes model_dir as GGUF (architecture llama, every tensor float32) to out_path."""
+# GGUF matrix types write_gguf can store (the gguf package's own quantizers) and the file type each names.
+GGUF_MATRIX_TYPES = {"F32": "ALL_F32", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1"}
+
+
+def write_gguf(model_dir: str | Path, out_path: str | Path, qtype: str = "F32") -> Path:
+    """Writes model_dir as GGUF (architecture llama) to out_path: norms float32, every matrix (embedding and output
+    included, as llama-quantize --pure does) float32 or quantized to qtype (Q8_0, Q4_0 or Q4_1)."""
     import gguf
+
+    if qtype not in GGUF_MATRIX_TYPES:
+        raise ValueError(f"GGUF matrix type must be one of {', '.join(GGUF_MATRIX_TYPES)}, got {qtype!r}")
 
     model_dir, out_path = Path(model_dir), Path(out_path)
     config = read_config_dir(model_dir, dtype="float32")
@@ -91,7 +99,16 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType[GGUF_MATRIX_TYPES[qtype]])
+
+    def add_tensor(name: str, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if qtype == "F32" or array.ndim != 2:
+            writer.add_tensor(name, array)
+        else:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -103,7 +120,7 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
         writer.add_eos_token_id(config.eos_token_ids[0])
     writer.add_add_bos_token(False)
 
-    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
+    add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
     for n in range(config.num_layers):
         for hf_suffix, gguf_suffix in LAYER_TENSORS.items():
             weight = state[f"model.layers.{n}.{hf_suffix}"]
@@ -111,10 +128,10 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
                 weight = rope_rows_interleaved(weight, config.num_heads)
             elif hf_suffix == "self_attn.k_proj.weight":
                 weight = rope_rows_interleaved(weight, config.num_kv_heads)
-            writer.add_tensor(f"blk.{n}.{gguf_suffix}", np.ascontiguousarray(weight))
-    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
+            add_tensor(f"blk.{n}.{gguf_suffix}", weight)
+    add_tensor("output_norm.weight", state["model.norm.weight"])
     lm_head = state.get("lm_head.weight", state["model.embed_tokens.weight"])  # tied embeddings: the same matrix
-    writer.add_tensor("output.weight", lm_head)
+    add_tensor("output.weight", lm_head)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     writer.write_header_to_file()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import activation, fused_moe, kv_cache, native, paged_attention, rms_norm, rotary
+from . import activation, fused_moe, kv_cache, native, paged_attention, quantized_matmul, rms_norm, rotary
 from ._triton import HAS_TRITON
 
 BACKENDS = ("reference", "triton", "native", "auto")
@@ -26,6 +26,9 @@ class KernelOps:
     write_kv: Callable
     paged_attention: Callable
     fused_experts: Callable  # the experts of a sparse MoE layer (kernels/fused_moe.py)
+    # Weight-only int8/int4 matmul (kernels/quantized_matmul.py) for layers.quantized.QuantizedLinear; None: the
+    # layer's own torch reference (the native backend packs those layers for native.c instead, layers.linear).
+    quantized_matmul: Callable | None = None
 
 
 REFERENCE_OPS = KernelOps(
@@ -46,6 +49,7 @@ TRITON_OPS = KernelOps(
     write_kv=kv_cache.write_kv,
     paged_attention=paged_attention.paged_attention,
     fused_experts=fused_moe.fused_experts,
+    quantized_matmul=quantized_matmul.quantized_matmul,
 )
 
 NATIVE_OPS = KernelOps(

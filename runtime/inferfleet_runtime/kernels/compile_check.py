@@ -22,13 +22,15 @@ import torch
 
 from inferfleet_runtime.config import DTYPES
 
-from . import _triton, activation, fused_moe, kv_cache, paged_attention, rms_norm, rotary
+from . import _triton, activation, fused_moe, kv_cache, paged_attention, quantized_matmul, rms_norm, rotary
 
 POINTER_TYPES = {
     torch.float16: "*fp16",
     torch.bfloat16: "*bf16",
     torch.float32: "*fp32",
     torch.int32: "*i32",
+    torch.int8: "*i8",
+    torch.uint8: "*u8",
     torch.int64: "*i64",
 }
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
@@ -83,6 +85,14 @@ def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
         kv_cache.write_kv(
             z(2, 8, 128), z(2, 8, 128), z(4, 16, 8, 128), z(4, 16, 8, 128), torch.zeros(2, dtype=torch.int64)
         )
+    with recording(launches, "quantized_matmul"):
+        x, scales, bias = z(2, 4096), z(1024, 32), z(1024)
+        int8_weight = torch.zeros(1024, 4096, dtype=torch.int8)
+        quantized_matmul.quantized_matmul(x, int8_weight, z(1024, 1), None, None, 8, 4096)
+        int4_weight = torch.zeros(1024, 2048, dtype=torch.uint8)
+        quantized_matmul.quantized_matmul(x, int4_weight, scales, None, None, 4, 128, bias)
+        zeros = torch.zeros(1024, 32, dtype=torch.int8)
+        quantized_matmul.quantized_matmul(x, int4_weight, scales, zeros, scales, 4, 128)
     groups = [(32, 8)] if quick else [(32, 32), (32, 8), (32, 1)]
     for head_dim in head_dims:
         for num_heads, num_kv_heads in groups:

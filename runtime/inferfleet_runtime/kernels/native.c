@@ -25,6 +25,9 @@
 #ifdef __SSE__
 #include <xmmintrin.h>
 #endif
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* e^x in a form the compiler vectorizes (libm's expf is a scalar call unless -ffast-math, which would also change
  * the process's denormal handling): x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial
@@ -363,6 +366,30 @@ static void thread_share(int64_t units, int tid, int nth, int64_t *begin, int64_
     *end = units * (tid + 1) / nth;
 }
 
+/* out rows 0..m-1, panel j's columns <- x rows times one float panel (+ bias; added to out with `accumulate`). */
+static void linear_panel_rows(const float *x, int64_t x_stride, const float *panel, const float *bias, float *out,
+                              int64_t m, int64_t n, int64_t k, int64_t j, int accumulate) {
+    /* The rows in blocks of at most MR, as even as they go (with 6 per block, 8 rows: 4 + 4, not 6 + 2). */
+    const int64_t blocks = (m + LINEAR_MR - 1) / LINEAR_MR, base = m / blocks, extra = m % blocks;
+    float acc[LINEAR_MR * LINEAR_NR];
+    int64_t r0 = 0;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int mr = (int)(base + (b < extra));
+        const float *xb = x + r0 * x_stride;
+        switch (mr) {
+#define LINEAR_CASE(rows) \
+    case rows: linear_block(xb, x_stride, panel, k, rows, acc); break;
+#if LINEAR_MR > 6
+            LINEAR_CASE(12) LINEAR_CASE(11) LINEAR_CASE(10) LINEAR_CASE(9) LINEAR_CASE(8) LINEAR_CASE(7)
+#endif
+            LINEAR_CASE(6) LINEAR_CASE(5) LINEAR_CASE(4) LINEAR_CASE(3) LINEAR_CASE(2)
+        default: linear_block(xb, x_stride, panel, k, 1, acc); break;
+        }
+        linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias, accumulate);
+        r0 += mr;
+    }
+}
+
 /* Panels of thread `tid`'s share (of `nth`) of out [M, N] <- x [M, K] (rows x_stride apart) times the packed
  * weight, + bias [N] when given (added to out with `accumulate`). One-row calls take panels 4 at a time. */
 static void linear_share(const float *x, int64_t x_stride, const float *packed, const float *bias, float *out,
@@ -390,28 +417,9 @@ static void linear_share(const float *x, int64_t x_stride, const float *packed, 
     thread_share(panels, tid, nth, &first, &last);
     for (int64_t m0 = 0; m0 < m; m0 += LINEAR_MC) {
         const int64_t rows = m - m0 < LINEAR_MC ? m - m0 : LINEAR_MC;
-        /* The chunk's rows in blocks of at most MR, as even as they go (with 6 per block, 8 rows: 4 + 4, not 6 + 2). */
-        const int64_t blocks = (rows + LINEAR_MR - 1) / LINEAR_MR, base = rows / blocks, extra = rows % blocks;
-        for (int64_t j = first; j < last; j++) {
-            float acc[LINEAR_MR * LINEAR_NR];
-            const float *panel = packed + j * k * LINEAR_NR;
-            int64_t r0 = m0;
-            for (int64_t b = 0; b < blocks; b++) {
-                const int mr = (int)(base + (b < extra));
-                const float *xb = x + r0 * x_stride;
-                switch (mr) {
-#define LINEAR_CASE(rows) \
-    case rows: linear_block(xb, x_stride, panel, k, rows, acc); break;
-#if LINEAR_MR > 6
-                    LINEAR_CASE(12) LINEAR_CASE(11) LINEAR_CASE(10) LINEAR_CASE(9) LINEAR_CASE(8) LINEAR_CASE(7)
-#endif
-                    LINEAR_CASE(6) LINEAR_CASE(5) LINEAR_CASE(4) LINEAR_CASE(3) LINEAR_CASE(2)
-                default: linear_block(xb, x_stride, panel, k, 1, acc); break;
-                }
-                linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias, accumulate);
-                r0 += mr;
-            }
-        }
+        for (int64_t j = first; j < last; j++)
+            linear_panel_rows(x + m0 * x_stride, x_stride, packed + j * k * LINEAR_NR, bias, out + m0 * n, rows, n, k,
+                              j, accumulate);
     }
 }
 
@@ -421,6 +429,312 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
                        int64_t n, int64_t k, int num_threads) {
 #pragma omp parallel num_threads(num_threads) if (m * n * k >= (1 << 18))
     linear_share(x, x_stride, packed, bias, out, m, n, k, 0, omp_get_thread_num(), omp_get_num_threads());
+}
+
+/* Weight-only quantized linear layers (layers.quantized.QuantizedLinear served by the native backend): out = x W^T
+ * (+ bias) with W [N, K] held as 8- or 4-bit integers and, per output row and group of `group_size` input columns,
+ * a float scale s and optional offset o: W[n, k] = q[n, k] * s[n, g] + o[n, g], q signed (int8, or a nibble
+ * holding q + 8 for 4 bits); o = -zero * s for an asymmetric checkpoint (GGUF Q4_1: its min + 8 s), absent when
+ * symmetric; see native.py pack_quantized.
+ *
+ * Layout, packed once at load (native.py pack_quantized): the panels of the float matmul above, LINEAR_NR output
+ * columns each, holding bytes instead of floats: int8 panel j is [K][NR] bytes (row k = W[jNR .. jNR+NR-1, k]);
+ * int4 panel j is [K/2][NR] bytes whose low nibble is row 2i and high nibble row 2i+1. Scales and offsets are
+ * [panels][G][NR] floats. So a panel row is one load of NR (int8) or 2 NR (int4) weights, widened to float in
+ * registers (sign or zero extension, int -> float conversion) and never written back: the weights stream from
+ * memory at 1 or 1/2 byte each instead of 4. Accumulation is float32 throughout.
+ *
+ * Two microkernels, as for float: several rows at once (each widened weight vector scaled and offset in registers,
+ * then used by every row: the conversion cost is shared) and one row over LINEAR_GEMV_PANELS panels (sums of x u
+ * per group, scaled and offset once per group: per weight, one widening and one multiply-add). Vector extensions
+ * let the compiler pick AVX-512 (16 lanes), AVX2 (8) or plain SSE/scalar code from -march=native. */
+typedef struct {
+    int64_t bits, group_size;
+    const uint8_t *data;
+    const float *scales, *offsets; /* [panels][G][NR] each; offsets NULL: all 0 (symmetric int8) */
+} inferfleet_qweight;
+
+typedef signed char qvec_s __attribute__((vector_size(LINEAR_VW), aligned(1)));
+typedef unsigned char qvec_u __attribute__((vector_size(LINEAR_VW), aligned(1)));
+
+/* The two float vectors (columns 0..VW-1, VW..NR-1) of one panel row (int8), or of rows 2i and 2i+1 (int4:
+ * lo0/lo1 then hi0/hi1, each nibble less 8) from the bytes at p. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* GCC 12 turns __builtin_convertvector from bytes to floats into scalar code: the widening is spelled out. */
+static inline __m512 bytes_to_floats(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+static inline __attribute__((always_inline)) void widen8(const uint8_t *p, linear_vec *w0, linear_vec *w1) {
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    *w0 = (linear_vec)bytes_to_floats(_mm256_castsi256_si128(b));
+    *w1 = (linear_vec)bytes_to_floats(_mm256_extracti128_si256(b, 1));
+}
+static inline __attribute__((always_inline)) void widen4(const uint8_t *p, linear_vec *lo0, linear_vec *lo1,
+                                                         linear_vec *hi0, linear_vec *hi1) {
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p), mask = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
+    const __m256i lo = _mm256_sub_epi8(_mm256_and_si256(b, mask), eight);
+    const __m256i hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), mask), eight);
+    *lo0 = (linear_vec)bytes_to_floats(_mm256_castsi256_si128(lo));
+    *lo1 = (linear_vec)bytes_to_floats(_mm256_extracti128_si256(lo, 1));
+    *hi0 = (linear_vec)bytes_to_floats(_mm256_castsi256_si128(hi));
+    *hi1 = (linear_vec)bytes_to_floats(_mm256_extracti128_si256(hi, 1));
+}
+#elif defined(__AVX2__) && !defined(__AVX512F__)
+static inline __m256 bytes_to_floats(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+static inline __attribute__((always_inline)) void widen8(const uint8_t *p, linear_vec *w0, linear_vec *w1) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    *w0 = (linear_vec)bytes_to_floats(b);
+    *w1 = (linear_vec)bytes_to_floats(_mm_srli_si128(b, 8));
+}
+static inline __attribute__((always_inline)) void widen4(const uint8_t *p, linear_vec *lo0, linear_vec *lo1,
+                                                         linear_vec *hi0, linear_vec *hi1) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, mask), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), mask), eight);
+    *lo0 = (linear_vec)bytes_to_floats(lo);
+    *lo1 = (linear_vec)bytes_to_floats(_mm_srli_si128(lo, 8));
+    *hi0 = (linear_vec)bytes_to_floats(hi);
+    *hi1 = (linear_vec)bytes_to_floats(_mm_srli_si128(hi, 8));
+}
+#else /* portable: whatever the compiler makes of vector conversions (scalar loops at worst) */
+static inline __attribute__((always_inline)) void widen8(const uint8_t *p, linear_vec *w0, linear_vec *w1) {
+    *w0 = __builtin_convertvector(*(const qvec_s *)p, linear_vec);
+    *w1 = __builtin_convertvector(*(const qvec_s *)(p + LINEAR_VW), linear_vec);
+}
+static inline __attribute__((always_inline)) void widen4(const uint8_t *p, linear_vec *lo0, linear_vec *lo1,
+                                                         linear_vec *hi0, linear_vec *hi1) {
+    const qvec_u b0 = *(const qvec_u *)p, b1 = *(const qvec_u *)(p + LINEAR_VW);
+    *lo0 = __builtin_convertvector((qvec_s)(b0 & 15) - 8, linear_vec);
+    *lo1 = __builtin_convertvector((qvec_s)(b1 & 15) - 8, linear_vec);
+    *hi0 = __builtin_convertvector((qvec_s)(b0 >> 4) - 8, linear_vec);
+    *hi1 = __builtin_convertvector((qvec_s)(b1 >> 4) - 8, linear_vec);
+}
+#endif
+
+/* acc [mr][NR] <- x rows 0..mr-1 times quantized panel `panel` (its bytes, scales and offsets [G][NR]). */
+static inline __attribute__((always_inline)) void qlinear_block(const float *x, int64_t x_stride,
+                                                                const uint8_t *panel, const float *scales,
+                                                                const float *offsets, int64_t k, int64_t gs,
+                                                                const int bits, const int mr, float *acc) {
+    linear_vec a[LINEAR_MR][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < LINEAR_MR; r++) a[r][0] = a[r][1] = (linear_vec){0};
+    for (int64_t g = 0, k0 = 0; k0 < k; g++, k0 += gs) {
+        const linear_vec s0 = *(const linear_vec_u *)(scales + g * LINEAR_NR);
+        const linear_vec s1 = *(const linear_vec_u *)(scales + g * LINEAR_NR + LINEAR_VW);
+        const linear_vec o0 = offsets ? *(const linear_vec_u *)(offsets + g * LINEAR_NR) : (linear_vec){0};
+        const linear_vec o1 = offsets ? *(const linear_vec_u *)(offsets + g * LINEAR_NR + LINEAR_VW) : (linear_vec){0};
+        if (bits == 8) {
+            for (int64_t kk = k0; kk < k0 + gs; kk++) {
+                linear_vec w0, w1;
+                widen8(panel + kk * LINEAR_NR, &w0, &w1);
+                w0 = w0 * s0 + o0;
+                w1 = w1 * s1 + o1;
+#pragma GCC unroll 12
+                for (int r = 0; r < mr; r++) {
+                    const float b = x[r * x_stride + kk];
+                    a[r][0] += b * w0;
+                    a[r][1] += b * w1;
+                }
+            }
+        } else {
+            for (int64_t kk = k0; kk < k0 + gs; kk += 2) {
+                linear_vec l0, l1, h0, h1;
+                widen4(panel + kk / 2 * LINEAR_NR, &l0, &l1, &h0, &h1);
+                l0 = l0 * s0 + o0;
+                l1 = l1 * s1 + o1;
+                h0 = h0 * s0 + o0;
+                h1 = h1 * s1 + o1;
+#pragma GCC unroll 12
+                for (int r = 0; r < mr; r++) {
+                    const float b = x[r * x_stride + kk], c = x[r * x_stride + kk + 1];
+                    a[r][0] += b * l0 + c * h0;
+                    a[r][1] += b * l1 + c * h1;
+                }
+            }
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        *(linear_vec_u *)(acc + r * LINEAR_NR) = a[r][0];
+        *(linear_vec_u *)(acc + r * LINEAR_NR + LINEAR_VW) = a[r][1];
+    }
+}
+
+/* acc [np][NR] <- one x row times np consecutive quantized panels (panel bytes `panel_bytes` apart, scales and
+ * offsets G * NR apart): per group, p = sum x u and xs = sum x, then acc += p s + xs o. */
+static inline __attribute__((always_inline)) void qlinear_row(const float *x, const uint8_t *panels,
+                                                              int64_t panel_bytes, const float *scales,
+                                                              const float *offsets, int64_t k, int64_t gs,
+                                                              const int bits, const int np, float *acc) {
+    const int64_t groups = k / gs;
+    linear_vec a[LINEAR_GEMV_PANELS][2];
+#pragma GCC unroll 4
+    for (int q = 0; q < LINEAR_GEMV_PANELS; q++) a[q][0] = a[q][1] = (linear_vec){0};
+    for (int64_t g = 0, k0 = 0; g < groups; g++, k0 += gs) {
+        linear_vec p[LINEAR_GEMV_PANELS][2];
+#pragma GCC unroll 4
+        for (int q = 0; q < LINEAR_GEMV_PANELS; q++) p[q][0] = p[q][1] = (linear_vec){0};
+        float xs = 0.0f;
+        if (bits == 8) {
+            for (int64_t kk = k0; kk < k0 + gs; kk++) {
+                const float b = x[kk];
+                xs += b;
+#pragma GCC unroll 4
+                for (int q = 0; q < np; q++) {
+                    linear_vec w0, w1;
+                    widen8(panels + q * panel_bytes + kk * LINEAR_NR, &w0, &w1);
+                    p[q][0] += b * w0;
+                    p[q][1] += b * w1;
+                }
+            }
+        } else {
+            for (int64_t kk = k0; kk < k0 + gs; kk += 2) {
+                const float b = x[kk], c = x[kk + 1];
+                xs += b + c;
+#pragma GCC unroll 4
+                for (int q = 0; q < np; q++) {
+                    linear_vec l0, l1, h0, h1;
+                    widen4(panels + q * panel_bytes + kk / 2 * LINEAR_NR, &l0, &l1, &h0, &h1);
+                    p[q][0] += b * l0 + c * h0;
+                    p[q][1] += b * l1 + c * h1;
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < np; q++) {
+            const float *s = scales + (q * groups + g) * LINEAR_NR;
+            a[q][0] += p[q][0] * *(const linear_vec_u *)s;
+            a[q][1] += p[q][1] * *(const linear_vec_u *)(s + LINEAR_VW);
+            if (offsets) {
+                const float *o = offsets + (q * groups + g) * LINEAR_NR;
+                a[q][0] += xs * *(const linear_vec_u *)o;
+                a[q][1] += xs * *(const linear_vec_u *)(o + LINEAR_VW);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < np; q++) {
+        *(linear_vec_u *)(acc + q * LINEAR_NR) = a[q][0];
+        *(linear_vec_u *)(acc + q * LINEAR_NR + LINEAR_VW) = a[q][1];
+    }
+}
+
+/* A float panel [K][NR] <- quantized panel j (its bytes, scales and offsets [G][NR]). */
+static inline __attribute__((always_inline)) void dequantize_panel(const uint8_t *panel, const float *scales,
+                                                                   const float *offsets, int64_t k, int64_t gs,
+                                                                   const int bits, float *dst) {
+    for (int64_t g = 0, k0 = 0; k0 < k; g++, k0 += gs) {
+        const linear_vec s0 = *(const linear_vec_u *)(scales + g * LINEAR_NR);
+        const linear_vec s1 = *(const linear_vec_u *)(scales + g * LINEAR_NR + LINEAR_VW);
+        const linear_vec o0 = offsets ? *(const linear_vec_u *)(offsets + g * LINEAR_NR) : (linear_vec){0};
+        const linear_vec o1 = offsets ? *(const linear_vec_u *)(offsets + g * LINEAR_NR + LINEAR_VW) : (linear_vec){0};
+        for (int64_t kk = k0; kk < k0 + gs; kk += (bits == 8 ? 1 : 2)) {
+            float *d = dst + kk * LINEAR_NR;
+            linear_vec l0, l1, h0, h1;
+            if (bits == 8) {
+                widen8(panel + kk * LINEAR_NR, &l0, &l1);
+            } else {
+                widen4(panel + kk / 2 * LINEAR_NR, &l0, &l1, &h0, &h1);
+                *(linear_vec_u *)(d + LINEAR_NR) = h0 * s0 + o0;
+                *(linear_vec_u *)(d + LINEAR_NR + LINEAR_VW) = h1 * s1 + o1;
+            }
+            *(linear_vec_u *)d = l0 * s0 + o0;
+            *(linear_vec_u *)(d + LINEAR_VW) = l1 * s1 + o1;
+        }
+    }
+}
+
+/* linear_share for a quantized weight: thread `tid`'s share of the panels (one-row calls 4 panels at a time). */
+static inline __attribute__((always_inline)) void qlinear_share_bits(const float *x, int64_t x_stride,
+                                                                     const inferfleet_qweight *w, const int bits,
+                                                                     const float *bias, float *out, int64_t m,
+                                                                     int64_t n, int64_t k, int accumulate, int tid,
+                                                                     int nth) {
+    const int64_t panels = (n + LINEAR_NR - 1) / LINEAR_NR, gs = w->group_size, groups = k / gs;
+    const int64_t panel_bytes = k * LINEAR_NR * bits / 8, panel_floats = groups * LINEAR_NR;
+    int64_t first, last;
+    if (m == 1) {
+        thread_share((panels + LINEAR_GEMV_PANELS - 1) / LINEAR_GEMV_PANELS, tid, nth, &first, &last);
+        for (int64_t g = first; g < last; g++) {
+            float acc[LINEAR_GEMV_PANELS * LINEAR_NR];
+            const int64_t p = g * LINEAR_GEMV_PANELS;
+            const int np = panels - p < LINEAR_GEMV_PANELS ? (int)(panels - p) : LINEAR_GEMV_PANELS;
+            const uint8_t *d = w->data + p * panel_bytes;
+            const float *s = w->scales + p * panel_floats, *o = w->offsets ? w->offsets + p * panel_floats : NULL;
+            switch (np) {
+            case 4: qlinear_row(x, d, panel_bytes, s, o, k, gs, bits, 4, acc); break;
+            case 3: qlinear_row(x, d, panel_bytes, s, o, k, gs, bits, 3, acc); break;
+            case 2: qlinear_row(x, d, panel_bytes, s, o, k, gs, bits, 2, acc); break;
+            default: qlinear_row(x, d, panel_bytes, s, o, k, gs, bits, 1, acc); break;
+            }
+            for (int q = 0; q < np; q++)
+                linear_store(out, n, acc + q * LINEAR_NR, 1, (p + q) * LINEAR_NR, bias, accumulate);
+        }
+        return;
+    }
+    thread_share(panels, tid, nth, &first, &last);
+    /* More rows than one microkernel takes: each panel is widened to float once into a scratch panel (K * NR
+     * floats, in L2), which the float microkernel then applies to every block of rows. */
+    float *scratch = m > LINEAR_MR ? malloc(sizeof(float) * k * LINEAR_NR) : NULL;
+    if (scratch) {
+        for (int64_t j = first; j < last; j++) {
+            dequantize_panel(w->data + j * panel_bytes, w->scales + j * panel_floats,
+                             w->offsets ? w->offsets + j * panel_floats : NULL, k, gs, bits, scratch);
+            linear_panel_rows(x, x_stride, scratch, bias, out, m, n, k, j, accumulate);
+        }
+        free(scratch);
+        return;
+    }
+    for (int64_t m0 = 0; m0 < m; m0 += LINEAR_MC) {
+        const int64_t rows = m - m0 < LINEAR_MC ? m - m0 : LINEAR_MC;
+        const int64_t blocks = (rows + LINEAR_MR - 1) / LINEAR_MR, base = rows / blocks, extra = rows % blocks;
+        for (int64_t j = first; j < last; j++) {
+            float acc[LINEAR_MR * LINEAR_NR];
+            const uint8_t *panel = w->data + j * panel_bytes;
+            const float *s = w->scales + j * panel_floats, *o = w->offsets ? w->offsets + j * panel_floats : NULL;
+            int64_t r0 = m0;
+            for (int64_t b = 0; b < blocks; b++) {
+                const int mr = (int)(base + (b < extra));
+                const float *xb = x + r0 * x_stride;
+                switch (mr) {
+#define QLINEAR_CASE(rows) \
+    case rows: qlinear_block(xb, x_stride, panel, s, o, k, gs, bits, rows, acc); break;
+#if LINEAR_MR > 6
+                    QLINEAR_CASE(12) QLINEAR_CASE(11) QLINEAR_CASE(10) QLINEAR_CASE(9) QLINEAR_CASE(8) QLINEAR_CASE(7)
+#endif
+                    QLINEAR_CASE(6) QLINEAR_CASE(5) QLINEAR_CASE(4) QLINEAR_CASE(3) QLINEAR_CASE(2)
+                default: qlinear_block(xb, x_stride, panel, s, o, k, gs, bits, 1, acc); break;
+                }
+                linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias, accumulate);
+                r0 += mr;
+            }
+        }
+    }
+}
+
+static void qlinear_share(const float *x, int64_t x_stride, const inferfleet_qweight *w, const float *bias,
+                          float *out, int64_t m, int64_t n, int64_t k, int accumulate, int tid, int nth) {
+    if (w->bits == 8)
+        qlinear_share_bits(x, x_stride, w, 8, bias, out, m, n, k, accumulate, tid, nth);
+    else
+        qlinear_share_bits(x, x_stride, w, 4, bias, out, m, n, k, accumulate, tid, nth);
+}
+
+/* A linear layer of inferfleet_forward: the quantized weight where the layer has one, else the float panels. */
+static void any_linear_share(const float *x, int64_t x_stride, const float *packed, const inferfleet_qweight *qw,
+                             const float *bias, float *out, int64_t m, int64_t n, int64_t k, int accumulate, int tid,
+                             int nth) {
+    if (qw)
+        qlinear_share(x, x_stride, qw, bias, out, m, n, k, accumulate, tid, nth);
+    else
+        linear_share(x, x_stride, packed, bias, out, m, n, k, accumulate, tid, nth);
+}
+
+/* out [M, N] <- x [M, K] (rows x_stride apart) times a quantized weight, + bias [N] when given; as
+ * inferfleet_linear (K a multiple of group_size, group_size even for 4 bits: native.py checks). */
+void inferfleet_qlinear(const float *x, int64_t x_stride, const inferfleet_qweight *w, const float *bias, float *out,
+                        int64_t m, int64_t n, int64_t k, int num_threads) {
+#pragma omp parallel num_threads(num_threads) if (m * n * k >= (1 << 18))
+    qlinear_share(x, x_stride, w, bias, out, m, n, k, 0, omp_get_thread_num(), omp_get_num_threads());
 }
 
 /* The whole decoder stack of one step in one call (model.NativeForward): what the model's layers do with the ops
@@ -441,6 +755,8 @@ typedef struct {
     const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
     const float *q_norm, *k_norm; /* [D] each, or NULL: every head of q and of k RMS-normalised before RoPE (Qwen3) */
     int64_t window;               /* > 0: a sliding-window layer's window (see inferfleet_paged_attention); 0: none */
+    /* A quantized linear's weight, or NULL where the layer's float panels above serve (each slot its own kind). */
+    const inferfleet_qweight *qkv_q, *o_q, *gate_up_q, *down_q;
 } inferfleet_layer;
 
 typedef struct {
@@ -518,7 +834,7 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
             const inferfleet_layer *w = m->layers + l;
             float *key_cache = kv_caches[2 * l], *value_cache = kv_caches[2 * l + 1];
             inferfleet_rms_norm(residual, H, NULL, w->input_norm, normed, NULL, T, H, m->eps);
-            linear_share(normed, H, w->qkv, w->qkv_bias, qkv, T, nqkv, H, 0, tid, nth);
+            any_linear_share(normed, H, w->qkv, w->qkv_q, w->qkv_bias, qkv, T, nqkv, H, 0, tid, nth);
             spin_barrier_wait(&barrier, nth);
             thread_share(T * Hkv, tid, nth, &first, &last);
             for (int64_t i = first; i < last; i++) {
@@ -543,10 +859,10 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
                            token_pos[t], group, group, kv, D, m->block_size, m->scale);
             }
             spin_barrier_wait(&barrier, nth);
-            linear_share(attn, q, w->o, w->o_bias, residual, T, H, q, 1, tid, nth);
+            any_linear_share(attn, q, w->o, w->o_q, w->o_bias, residual, T, H, q, 1, tid, nth);
             spin_barrier_wait(&barrier, nth);
             inferfleet_rms_norm(residual, H, NULL, w->post_norm, normed, NULL, T, H, m->eps);
-            linear_share(normed, H, w->gate_up, w->gate_up_bias, gate_up, T, 2 * I, H, 0, tid, nth);
+            any_linear_share(normed, H, w->gate_up, w->gate_up_q, w->gate_up_bias, gate_up, T, 2 * I, H, 0, tid, nth);
             spin_barrier_wait(&barrier, nth);
             thread_share(I, tid, nth, &first, &last);
             {
@@ -557,7 +873,7 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
                 RESTORE_DENORMALS(csr);
             }
             spin_barrier_wait(&barrier, nth);
-            linear_share(act, I, w->down, w->down_bias, residual, T, H, I, 1, tid, nth);
+            any_linear_share(act, I, w->down, w->down_q, w->down_bias, residual, T, H, I, 1, tid, nth);
             spin_barrier_wait(&barrier, nth);
         }
         thread_share(T, tid, nth, &first, &last);

@@ -41,6 +41,7 @@ SIGNATURES = {
     "inferfleet_linear_panel_width": (_int, []),
     "inferfleet_pack_linear": (None, [_ptr, _i64, _ptr, _i64, _i64]),
     "inferfleet_linear": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
+    "inferfleet_qlinear": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inferfleet_forward_workspace": (_i64, [_ptr, _i64, _int]),
     "inferfleet_forward": (
         _int,
@@ -255,6 +256,81 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out
     return out
 
 
+class _QWeight(ctypes.Structure):
+    _fields_ = [("bits", _i64), ("group_size", _i64), ("data", _ptr), ("scales", _ptr), ("offsets", _ptr)]
+
+
+class QuantizedWeight:
+    """A weight-only quantized linear weight [N, K] in the layout native.c's quantized matmul reads (see there):
+    `data` uint8 panels of bytes (int8) or nibble pairs (int4), `scales` and `offsets` float32 [panels, G, NR], so
+    that W[n, k] = u[n, k] * s[n, g] + o[n, g] (offsets None: all 0). Holds the tensors its C descriptor (`struct`)
+    points at."""
+
+    def __init__(self, data, scales, offsets, bits: int, group_size: int, out_features: int, in_features: int):
+        self.data, self.scales, self.offsets = data, scales, offsets
+        self.bits, self.group_size = bits, group_size
+        self.out_features, self.in_features = out_features, in_features
+        self.struct = _QWeight(bits, group_size, data.data_ptr(), scales.data_ptr(),
+                               None if offsets is None else offsets.data_ptr())  # fmt: skip
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.offsets) if t is not None)
+
+
+def pack_quantized(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bits: int,
+                   group_size: int) -> QuantizedWeight:  # fmt: skip
+    """Packs W = q * scales + offsets (q int8 [N, K] in [-128, 127] for 8 bits, [-8, 7] for 4; scales, offsets
+    [N, K / group_size], offsets None for 0) into native.c's quantized panels. ValueError, before anything is
+    built, for a group size that does not split K (or is odd, for 4 bits) or mismatched shapes."""
+    if bits not in (4, 8):
+        raise ValueError(f"native quantized matmuls take 8 or 4 bit weights, not {bits}")
+    if q.dim() != 2 or q.dtype != torch.int8:
+        raise ValueError(f"quantized weight must be int8 [out, in], got {q.dtype} {tuple(q.shape)}")
+    n, k = q.shape
+    if group_size < 1 or k % group_size or (bits == 4 and group_size % 2):
+        raise ValueError(
+            f"native {bits}-bit matmul needs a group size that divides the {k} input columns"
+            f"{' and is even' if bits == 4 else ''}; got {group_size}"
+        )
+    groups = k // group_size
+    if scales.shape != (n, groups) or (offsets is not None and offsets.shape != (n, groups)):
+        raise ValueError(f"scales/offsets must be [{n}, {groups}], got {tuple(scales.shape)}")
+    nr = panel_width()
+    panels = -(-n // nr)
+    scales = scales.float()
+    offsets = None if offsets is None else offsets.float()
+    if bits == 4:  # stored as the nibble q + 8 (the kernel subtracts the 8)
+        u = (q.to(torch.int16) + 8).to(torch.uint8)
+    else:
+        u = q.view(torch.uint8)
+    pad = panels * nr - n
+    u = torch.nn.functional.pad(u, (0, 0, 0, pad))  # padded rows: weight 0 (scale and offset 0)
+    u = u.view(panels, nr, k).transpose(1, 2)  # [P, K, NR]
+    if bits == 4:
+        u = u[:, 0::2] | (u[:, 1::2] << 4)  # [P, K/2, NR]: row 2i low nibble, 2i+1 high
+    data = u.contiguous().view(-1)
+
+    def per_group(t):  # [N, G] -> [P, G, NR]
+        return torch.nn.functional.pad(t, (0, 0, 0, pad)).view(panels, nr, groups).transpose(1, 2).contiguous()
+
+    return QuantizedWeight(data, per_group(scales), None if offsets is None else per_group(offsets), bits, group_size,
+                           n, k)  # fmt: skip
+
+
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, K] (contiguous rows) times a `pack_quantized` weight, + bias [N] -> [T, N] (float32 accumulation)."""
+    _check("x", x, 2)
+    num_tokens, in_features = x.shape
+    if in_features != weight.in_features:
+        raise ValueError(f"x has {in_features} columns, the quantized weight takes {weight.in_features}")
+    out = torch.empty(num_tokens, weight.out_features)
+    if num_tokens:
+        library().inferfleet_qlinear(x.data_ptr(), x.stride(0), ctypes.byref(weight.struct),
+                                     None if bias is None else bias.data_ptr(), out.data_ptr(), num_tokens,
+                                     weight.out_features, in_features, torch.get_num_threads())  # fmt: skip
+    return out
+
+
 LAYER_WEIGHTS = (
     "input_norm",
     "qkv",
@@ -271,8 +347,15 @@ LAYER_WEIGHTS = (
 )
 
 
+LAYER_LINEARS = ("qkv", "o", "gate_up", "down")  # the slots that take a float panel tensor or a QuantizedWeight
+
+
 class _Layer(ctypes.Structure):
-    _fields_ = [*[(name, _ptr) for name in LAYER_WEIGHTS], ("window", _i64)]
+    _fields_ = [
+        *[(name, _ptr) for name in LAYER_WEIGHTS],
+        ("window", _i64),
+        *[(f"{name}_q", ctypes.POINTER(_QWeight)) for name in LAYER_LINEARS],
+    ]
 
 
 class _Model(ctypes.Structure):
@@ -286,12 +369,20 @@ class _Model(ctypes.Structure):
 
 class DecoderWeights:
     """A Llama decoder stack as `forward` reads it: the layers' tensors by the names of LAYER_WEIGHTS (linears
-    packed by `pack_linear`; biases and the q/k norms None when absent), the embedding [V, H], the final norm's weight and the RoPE
-    table [positions, D], and each layer's sliding window (None: full attention; no windows: all full). Holds every
-    tensor it points C at, so none is freed while it lives."""
+    packed by `pack_linear`, or a QuantizedWeight from `pack_quantized`, each slot its own kind; biases and the q/k
+    norms None when absent), the embedding [V, H], the final norm's weight and the RoPE table [positions, D], and
+    each layer's sliding window (None: full attention; no windows: all full). Holds every tensor it points C at, so
+    none is freed while it lives."""
 
     def __init__(self, *, layers: list[dict], embed, final_norm, cos_sin, num_q_heads, num_kv_heads, head_dim,
                  intermediate, eps, scale, windows: list[int | None] | None = None):  # fmt: skip
+        quantized = [{n: w for n, w in layer.items() if isinstance(w, QuantizedWeight)} for layer in layers]
+        layers = [{n: None if n in q else w for n, w in layer.items()} for layer, q in zip(layers, quantized)]
+        for q in quantized:
+            for name in q:
+                if name not in LAYER_LINEARS:
+                    raise ValueError(f"native forward takes quantized weights only for {LAYER_LINEARS}, not {name}")
+        self.quantized = quantized
         tensors = [embed, final_norm, cos_sin, *(t for layer in layers for t in layer.values() if t is not None)]
         for i, t in enumerate(tensors):
             _check(f"weight {i}", t.view(-1), 1)
@@ -304,6 +395,10 @@ class DecoderWeights:
                 _Layer(
                     *[None if layer[name] is None else layer[name].data_ptr() for name in LAYER_WEIGHTS],
                     _window_arg(windows[i] if windows else None),
+                    *[
+                        ctypes.pointer(quantized[i][name].struct) if name in quantized[i] else None
+                        for name in LAYER_LINEARS
+                    ],
                 )
                 for i, layer in enumerate(layers)
             ]

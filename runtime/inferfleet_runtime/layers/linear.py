@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..kernels import native
-from .quantized import has_quantized_linears
+from .quantized import QuantizedLinear
 
 log = logging.getLogger(__name__)
 
@@ -67,33 +67,59 @@ class NativeLinear(nn.Module):
         return native.linear(x, self.weight, self.bias, self.out_features)  # [T, out]
 
 
+class NativeQuantizedLinear(nn.Module):
+    """A QuantizedLinear for the native kernel backend: its integers, scales and zero points (or offsets) packed once
+    into the panels of native.c's quantized matmul, which widens them to float in registers (kernels/native.py
+    `quantized_linear`); the whole-stack native forward reads the same packed weight."""
+
+    def __init__(self, layer: QuantizedLinear):
+        super().__init__()
+        self.out_features, self.in_features = layer.out_features, layer.in_features
+        scales = layer.scales.detach().float()
+        offsets = None
+        if layer.zeros is not None:
+            offsets = -layer.zeros.float() * scales
+        if layer.offsets is not None:
+            offsets = layer.offsets.float() if offsets is None else offsets + layer.offsets.float()
+        self.packed = native.pack_quantized(layer.int_weight(), scales, offsets, layer.bits, layer.group_size)
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().float().contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        return native.quantized_linear(x, self.packed, self.bias)  # [T, out]
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.in_features}, out={self.out_features}, bits={self.packed.bits}, group={self.packed.group_size}"
+        )
+
+
 def pack_linears(model: nn.Module, min_weight: int = PACKED_LINEAR_MIN_WEIGHT) -> int:
     """Replaces the nn.Linear layers of a float32 CPU model for serving (the packed weights are opaque, so export
     and weight loading use the model before this): every one by a NativeLinear when the model runs the native
     kernels, else each whose weight has at least min_weight elements by a PackedLinear (oneDNN). A native model
     then gets its whole-stack native forward where its family has one (`enable_native_forward`). Returns how
-    many linears were replaced."""
+    many linears were replaced; a QuantizedLinear becomes a NativeQuantizedLinear on the native backend and stays
+    as it is (torch reference) elsewhere."""
     native_backend = getattr(getattr(model, "ops", None), "backend", None) == "native"
     targets = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and (native_backend or module.weight.numel() >= min_weight)
+        if (isinstance(module, nn.Linear) and (native_backend or module.weight.numel() >= min_weight))
+        or (native_backend and isinstance(module, QuantizedLinear))
     ]
     if not targets:
         return 0
-    device, dtype = targets[0][1].weight.device, targets[0][1].weight.dtype
     if native_backend:  # kernels.get_ops gives the native backend only to float32 models on a CPU
         replacement = NativeLinear
-    elif can_pack_linears(device, dtype):
+    elif can_pack_linears(targets[0][1].weight.device, targets[0][1].weight.dtype):
         replacement = PackedLinear
     else:
         return 0
     for name, module in targets:
         parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), leaf, replacement(module))
+        swapped = NativeQuantizedLinear(module) if isinstance(module, QuantizedLinear) else replacement(module)
+        setattr(model.get_submodule(parent_name), leaf, swapped)
     if native_backend and hasattr(model, "enable_native_forward"):
-        if has_quantized_linears(model):  # native.c's whole-stack forward reads float panels only
-            log.info("Kept the quantized model op by op on the native kernels: native.c has no quantized matmul")
-        else:
-            model.enable_native_forward()
+        model.enable_native_forward()
     return len(targets)

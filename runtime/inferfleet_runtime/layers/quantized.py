@@ -9,12 +9,18 @@ by at most s / 2 and the output y = x W^T by at most sum_c |x[c]| * s[r, g(c)] /
 Layouts (out rows, `in` columns, G = in / group_size groups per row):
 - qweight: int8 [out, in] for 8 bits; uint8 [out, in / 2] for 4 bits, column 2k in the low nibble and 2k+1 in
   the high one, each nibble holding q + 8 (q in [-8, 7]);
-- scales: [out, G] in the serving dtype; zeros: None (symmetric) or int8 [out, G] in q's range.
+- scales: [out, G] in the serving dtype; zeros: None (symmetric) or int8 [out, G] in q's range;
+- offsets: None, or [out, G] in the serving dtype added to every weight of the group (GGUF Q4_1's min, which is
+  no integer zero point): W[r, c] = (q - z) * s + offset.
 Every tensor is per output row, so a fused projection's row range (q/k/v, gate/up) is a narrow along dim 0.
 
-The forward dequantizes the whole weight per call into the serving dtype and runs one matmul: correct first, it
-reads the weight about three times per call. Native and Triton kernels that read the packed weights directly are
-not built yet (docs/known-gaps.md).
+A quantized model's lm_head is quantized too, to int8 per vocabulary row, once its weights are loaded
+(quantize_lm_head); the embedding stays float.
+
+The forward here dequantizes the whole weight per call into the serving dtype and runs one matmul: the reference,
+reading the weight about three times per call. On the native CPU backend, layers.pack_linears swaps each layer for
+a layers.linear.NativeQuantizedLinear, whose C matmul reads the packed integers directly (kernels/native.c), and
+the whole-stack native forward takes them.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class QuantizedLinear(nn.Module):
         has_zeros: bool = False,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        has_offsets: bool = False,
     ):
         super().__init__()
         if bits not in (4, 8):
@@ -59,6 +66,9 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("scales", torch.ones(out_features, num_groups, dtype=dtype, device=device))
         zeros = torch.zeros(out_features, num_groups, dtype=torch.int8, device=device) if has_zeros else None
         self.register_buffer("zeros", zeros)
+        offsets = torch.zeros(out_features, num_groups, dtype=dtype, device=device) if has_offsets else None
+        self.register_buffer("offsets", offsets)
+        self.matmul = None  # KernelOps.quantized_matmul, set by the loader (None: the dequantizing forward below)
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if has_bias else None)
 
     @classmethod
@@ -87,9 +97,15 @@ class QuantizedLinear(nn.Module):
         q = self.int_weight().view(self.out_features, -1, self.group_size).to(self.scales.dtype)  # [out, G, gs]
         if self.zeros is not None:
             q = q - self.zeros.to(q.dtype)[..., None]
-        return (q * self.scales[..., None]).view(self.out_features, self.in_features)
+        w = q * self.scales[..., None]
+        if self.offsets is not None:
+            w = w + self.offsets[..., None]
+        return w.view(self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.matmul is not None and x.dim() == 2:  # a kernel reading the packed integers (Triton)
+            return self.matmul(x, self.qweight, self.scales, self.zeros, self.offsets, self.bits, self.group_size,
+                               self.bias)  # fmt: skip
         return F.linear(x, self.dequantize(), self.bias)  # [T, in] -> [T, out]
 
     def extra_repr(self) -> str:
@@ -176,6 +192,20 @@ def quantize_as_read(layer: QuantizedLinear, weight: torch.Tensor) -> tuple[torc
     """(qweight, scales) of a float weight (or a fused part of one: its rows) in layer's layout."""
     q, scales = quantize_symmetric(weight.to(layer.scales.dtype), layer.bits, layer.group_size)
     return (pack_int4(q) if layer.bits == 4 else q), scales
+
+
+@torch.no_grad()
+def quantize_lm_head(model: nn.Module) -> bool:
+    """A quantized model's float lm_head [vocab, hidden] becomes an int8 QuantizedLinear (one scale per vocabulary
+    row), quantized from its loaded weight (the embedding's, when tied: the embedding itself stays float for the
+    lookups). On a small model it is the largest matrix a decode step reads (SmolLM2-135M: 28M of its 135M
+    weights). Returns whether it was replaced (not for a float model, nor an lm_head that is already quantized)."""
+    head = getattr(model, "lm_head", None)
+    if not has_quantized_linears(model) or type(head) is not nn.Linear:
+        return False
+    model.lm_head = QuantizedLinear.from_float(head, 8)
+    log.info("Quantized lm_head [%d, %d] to int8 per row", head.out_features, head.in_features)
+    return True
 
 
 def has_quantized_linears(model: nn.Module) -> bool:

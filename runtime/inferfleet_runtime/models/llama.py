@@ -13,7 +13,7 @@ from ..attention import AttentionBackend, PagedAttention
 from ..config import ModelConfig, read_sliding_windows
 from ..kernels import KernelOps, native
 from ..layers.attention import Attention
-from ..layers.linear import NativeLinear
+from ..layers.linear import NativeLinear, NativeQuantizedLinear
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import rope_cos_sin_cache
@@ -112,9 +112,12 @@ class LlamaModel(nn.Module):
 
 
 def native_decoder_weights(model: LlamaModel) -> native.DecoderWeights:
-    """The model's decoder stack for native.forward, once every linear of its layers is a NativeLinear."""
+    """The model's decoder stack for native.forward, once every linear of its layers is a NativeLinear or a
+    NativeQuantizedLinear."""
 
-    def packed(linear: nn.Module) -> torch.Tensor:
+    def packed(linear: nn.Module) -> torch.Tensor | native.QuantizedWeight:
+        if isinstance(linear, NativeQuantizedLinear):
+            return linear.packed
         assert isinstance(linear, NativeLinear), "pack_linears replaces every linear first"
         return linear.weight
 

@@ -165,3 +165,42 @@ def test_a_missing_llama_server_binary_is_refused_with_one_line(tiny_model, tmp_
     code = main(["bench", "compare", "--model", str(tiny_model), "--llama-server", str(tmp_path / "nope")])
     assert code == 2
     assert "is not an executable file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method,qtype", [("int8", "Q8_0"), ("int4", "Q4_0")])
+def test_quantized_comparison_serves_both_at_the_matching_quantization(
+    tiny_model, tmp_path, monkeypatch, method, qtype
+):
+    import gguf
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    model_copy = tmp_path / "model"
+    model_copy.mkdir()
+    for f in tiny_model.iterdir():
+        (model_copy / f.name).write_bytes(f.read_bytes())
+    started = []
+
+    def record(spec, *_):  # the servers' commands, neither started
+        started.append(spec)
+        if spec.name == compare.LLAMA:
+            raise RuntimeError("not started in this test")
+        return []
+
+    monkeypatch.setattr(compare, "measure", record)
+    args = ["bench", "compare", "--model", str(model_copy), "--llama-server", str(fake), "--quantization", method]
+    assert main(args) == 1
+    ours, llama = started[0].argv, started[1].argv
+    assert ours[ours.index("--quantization") + 1] == method
+    path = Path(llama[llama.index("-m") + 1])
+    assert path.name == f"model-{qtype.lower()}.gguf"
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert types["blk.0.ffn_down.weight"] == types["token_embd.weight"] == qtype
+    assert types["blk.0.attn_norm.weight"] == "F32"
+
+
+def test_gguf_writer_refuses_an_unknown_matrix_type(tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="F32, Q8_0, Q4_0, Q4_1"):
+        write_gguf(tiny_model, tmp_path / "x.gguf", "Q5_K")
+    assert not (tmp_path / "x.gguf").exists()

@@ -40,6 +40,7 @@ def test_kernels_compile_to_cubin_and_hsaco_including_bf16(tmp_path):
             "_paged_attention_kernel",
             "_reduce_partitions_kernel",
             "_fused_moe_kernel",
+            "_quantized_matmul_kernel",
         }, result.stdout
 
 

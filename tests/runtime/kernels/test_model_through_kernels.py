@@ -62,3 +62,20 @@ def test_greedy_tokens_through_triton_kernels_match_reference(tiny_llama_factory
     assert launched == expected_kernels, "every Triton kernel the model has must have run"
     assert got == expected
     assert len({tuple(out) for out in expected}) == len(prompts), "degenerate reference outputs prove little"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_model_through_the_triton_matmul_gives_the_reference_tokens(tiny_llama_factory, monkeypatch, method):
+    from inferfleet_runtime.kernels import quantized_matmul
+
+    model_dir = tiny_llama_factory("gqa-d16", **CONFIGS["gqa-d16"])
+    prompts = [[5, 17, 99, 3, 250], [33, 7]]
+    reference = load_model(model_dir, device="cpu", kernels="reference", quantization=method)
+    expected = greedy_paged(reference.model, prompts, 3, block_size=4, chunk_size=5)
+    kernel, launches = quantized_matmul._quantized_matmul_kernel, []
+    on = kernel.on
+    monkeypatch.setattr(kernel, "on", lambda device: launches.append(device) or on(device))
+    triton_lm = load_model(model_dir, device="cpu", kernels="triton", quantization=method)
+    assert greedy_paged(triton_lm.model, prompts, 3, block_size=4, chunk_size=5) == expected
+    assert len(launches) >= 4 * triton_lm.config.num_layers  # every linear of every layer, each step
