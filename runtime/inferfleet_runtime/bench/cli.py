@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -88,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument("--seed", type=int, default=0, help="seeds prompts, sampling order and arrivals")
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("INFERFLEET_API_KEY"),
+        help="sent as 'Authorization: Bearer KEY' (default: $INFERFLEET_API_KEY)",
+    )
     serve.add_argument("--result-json", metavar="FILE", default=None, help="write metrics and per-request data")
     serve.add_argument("--plot", metavar="FILE.png", default=None, help="write a PNG of the latency distributions")
     serve.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -115,7 +121,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc))
     try:
-        model = args.model or asyncio.run(_model(args.url, served_model))
+        model = args.model or asyncio.run(_model(args.url, served_model, args.api_key))
     except Exception as exc:  # unreachable server, not OpenAI-compatible: one line, not a trace
         return fail(f"cannot list models at {args.url}: {type(exc).__name__}: {exc}", code=1)
 
@@ -136,6 +142,7 @@ def serve(args: argparse.Namespace) -> int:
                 args.temperature,
                 args.timeout,
                 progress,
+                args.api_key,
             )
         )
     finally:
@@ -191,10 +198,12 @@ def _samples(args: argparse.Namespace):
     return random_requests(args.num_prompts, args.random_input_len, args.random_output_len, args.seed, count)
 
 
-async def _model(url: str, served_model) -> str:
+async def _model(url: str, served_model, api_key: str | None = None) -> str:
     import httpx
 
-    async with httpx.AsyncClient(timeout=30) as client:
+    from .client import bearer
+
+    async with httpx.AsyncClient(timeout=30, headers=bearer(api_key)) as client:
         return await served_model(client, url)
 
 

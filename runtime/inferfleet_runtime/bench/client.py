@@ -25,6 +25,10 @@ class RequestResult:
     error: str = ""
 
 
+def bearer(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def base_url(url: str) -> str:
     """http://host:port, http://host:port/ or http://host:port/v1 -> http://host:port/v1."""
     url = url.rstrip("/")
@@ -114,13 +118,16 @@ async def run_requests(
     temperature: float = 0.0,
     timeout: float = 600.0,
     progress=None,
+    api_key: str | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Sends samples[i] at offsets[i] seconds (waiting for a free slot when max_concurrency is reached);
-    returns the results in sample order and the benchmark's wall seconds."""
+    returns the results in sample order and the benchmark's wall seconds. With api_key, every request carries
+    `Authorization: Bearer <api_key>`."""
     limit = max_concurrency or len(samples) or 1
     semaphore = asyncio.Semaphore(limit)
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+    headers = bearer(api_key)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, headers=headers) as client:
         started_at = time.perf_counter()
 
         async def one(sample: SampleRequest, offset: float) -> RequestResult:

@@ -102,3 +102,21 @@ def test_bench_reports_an_unreachable_server_in_one_line(capsys):
     assert main(["bench", "serve", "--url", "http://127.0.0.1:9", "--num-prompts", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot list models" in err[0]
+
+
+def test_bench_sends_its_api_key_to_a_server_that_requires_one(demo_model_dir, capsys, monkeypatch):
+    from inferfleet_runtime.server.auth import ApiKeys
+
+    monkeypatch.delenv("INFERFLEET_API_KEY", raising=False)
+    config = EngineConfig(device="cpu", max_num_seqs=4, num_kv_blocks=32)
+    keys = ApiKeys.from_sources(["bench-key-1"])
+    make_runner = lambda: ModelRunner.from_model_dir(demo_model_dir, config)  # noqa: E731
+    with running_server(make_runner, config, MODEL, api_keys=keys) as srv:
+        run = ["bench", "serve", "--url", srv.base_url, "--num-prompts", "3", "--random-input-len", "4",
+               "--random-output-len", "2", "--no-progress"]  # fmt: skip
+        assert main(run) == 1  # no key: the model list is refused
+        assert "401" in capsys.readouterr().err
+        assert main([*run, "--api-key", "bench-key-1"]) == 0
+        assert "Successful requests:" in capsys.readouterr().out
+        monkeypatch.setenv("INFERFLEET_API_KEY", "bench-key-1")  # the environment, as the server reads it
+        assert main(run) == 0
