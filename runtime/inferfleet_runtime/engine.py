@@ -83,8 +83,8 @@ class LLMEngine:
         self.block_manager = BlockManager(runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         # A sequence must fit the whole pool on its own, or it could never finish.
-        self.max_model_len = min(
-            config.max_model_len or runner.max_position_embeddings,
+        self.max_context_length = min(
+            config.max_context_length or runner.max_position_embeddings,
             runner.max_position_embeddings,
             runner.num_kv_blocks * config.block_size,
         )
@@ -111,15 +111,15 @@ class LLMEngine:
         if num_prompt_tokens == 0:
             raise ValueError("the prompt is empty")
         if max_tokens is None:
-            if num_prompt_tokens >= self.max_model_len:
+            if num_prompt_tokens >= self.max_context_length:
                 raise ContextLengthError(
-                    f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                    f"This model's maximum context length is {self.max_context_length} tokens. However, your prompt "
                     f"has {num_prompt_tokens} tokens, leaving no room for the completion."
                 )
-            return self.max_model_len - num_prompt_tokens
-        if num_prompt_tokens + max_tokens > self.max_model_len:
+            return self.max_context_length - num_prompt_tokens
+        if num_prompt_tokens + max_tokens > self.max_context_length:
             raise ContextLengthError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"This model's maximum context length is {self.max_context_length} tokens. However, you requested "
                 f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in "
                 f"the completion). Please reduce the prompt or max_tokens."
             )
@@ -274,7 +274,7 @@ class LLMEngine:
                     reason = FinishReason.STOP
         num_tokens = len(seq.token_ids)
         if reason is None and (
-            num_tokens - len(seq.prompt_token_ids) >= request.max_tokens or num_tokens >= self.max_model_len
+            num_tokens - len(seq.prompt_token_ids) >= request.max_tokens or num_tokens >= self.max_context_length
         ):
             reason = FinishReason.LENGTH
             seq.output_text += seq.detokenizer.flush()

@@ -15,7 +15,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for all layers' K and V; None: a default budget
     max_num_seqs: int = 64  # running sequences at once
     max_num_batched_tokens: int = 2048  # new tokens per step (prefill chunks + decodes)
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_context_length: int | None = None  # None: the model's max_position_embeddings
     max_queue_len: int = 1024  # waiting requests beyond this are refused (HTTP 429)
     enable_prefix_caching: bool = True
     kernels: str = "auto"
@@ -36,8 +36,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.max_context_length is not None and self.max_context_length < 2:
+            raise ValueError(f"max_context_length must be at least 2, got {self.max_context_length}")
         if self.max_queue_len < 0:
             raise ValueError(f"max_queue_len must not be negative, got {self.max_queue_len}")
         if self.tensor_parallel_size < 1:

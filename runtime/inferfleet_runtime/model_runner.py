@@ -108,7 +108,7 @@ class ModelRunner:
             budget = int(free * DEFAULT_GPU_KV_FRACTION)
         if budget is None:
             # Enough for every running sequence at full length, within a fixed CPU budget.
-            max_len = config.max_model_len or self.max_position_embeddings
+            max_len = config.max_context_length or self.max_position_embeddings
             wanted = config.max_num_seqs * -(-max_len // self.block_size)
             return max(1, min(wanted, DEFAULT_CPU_KV_BYTES // bytes_per_block))
         return max(1, budget // bytes_per_block)

@@ -144,14 +144,14 @@ def test_preempted_request_resumes_with_the_same_output():
 
 
 def test_refuses_requests_longer_than_the_context_stating_the_numbers():
-    engine = make_engine({}, max_model_len=16)
+    engine = make_engine({}, max_context_length=16)
     with pytest.raises(ContextLengthError, match=r"16 tokens.*requested 20 tokens \(10 in the prompt, 10 in"):
         engine.add_request("r", "a" * 10, SamplingParams(max_tokens=10))
 
 
 def test_context_limit_is_capped_by_the_kv_pool():
     engine = make_engine({}, num_kv_blocks=3)
-    assert engine.max_model_len == 12
+    assert engine.max_context_length == 12
 
 
 def test_logprobs_follow_the_tokens():

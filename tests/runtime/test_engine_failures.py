@@ -35,7 +35,7 @@ class FailingRunner:
 
 @pytest.fixture
 def server(demo_model_dir):
-    config = EngineConfig(kernels="reference", num_kv_blocks=64, max_model_len=64)
+    config = EngineConfig(kernels="reference", num_kv_blocks=64, max_context_length=64)
     holder = {}
 
     def make():

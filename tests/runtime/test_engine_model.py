@@ -152,5 +152,5 @@ def test_bfloat16_engine_generates_with_a_bfloat16_cache(demo_model_dir):
 
 
 def test_default_cpu_pool_holds_every_running_sequence_at_full_length(loaded):
-    engine = make_engine(loaded, max_num_seqs=3, max_model_len=100)
+    engine = make_engine(loaded, max_num_seqs=3, max_context_length=100)
     assert engine.runner.num_kv_blocks == 3 * 25  # 100 tokens in blocks of 4, well within the 1 GiB budget

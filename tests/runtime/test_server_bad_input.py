@@ -19,7 +19,7 @@ PROMPT = "Beautiful is better than"
 
 @pytest.fixture(scope="module")
 def server(demo_model_dir):
-    config = EngineConfig(kernels="reference", max_model_len=MAX_MODEL_LEN, max_num_seqs=1, max_queue_len=2)
+    config = EngineConfig(kernels="reference", max_context_length=MAX_MODEL_LEN, max_num_seqs=1, max_queue_len=2)
     with running_server(lambda: ModelRunner.from_model_dir(demo_model_dir, config), config, MODEL) as srv:
         yield srv
 

@@ -153,7 +153,7 @@ def test_serve_flags_map_onto_the_engine_config():
         2**31,
         None,
     )
-    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, config.max_queue_len) == (
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_context_length, config.max_queue_len) == (
         3,
         77,
         99,
@@ -169,6 +169,13 @@ def test_serve_flags_map_onto_the_engine_config():
     )
     args = parse_serve("--engine-dir", "e")
     assert (args.host, args.port, args.engine) == ("0.0.0.0", 8000, None)
+
+
+def test_the_context_limit_has_one_name_and_takes_vllms_too():
+    assert (
+        serve_cli.config_from_args(parse_serve("--model", "m", "--max-context-length", "321")).max_context_length == 321
+    )
+    assert serve_cli.config_from_args(parse_serve("--model", "m", "--max-model-len", "123")).max_context_length == 123
 
 
 def test_serve_refuses_an_unsupported_family_in_one_line_left_as_the_termination_message(tmp_path, monkeypatch):

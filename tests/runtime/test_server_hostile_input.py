@@ -24,7 +24,7 @@ COMPLETIONS = "/v1/completions"
 
 @pytest.fixture(scope="module")
 def server(demo_model_dir):
-    config = EngineConfig(kernels="reference", max_model_len=MAX_MODEL_LEN, num_kv_blocks=256)
+    config = EngineConfig(kernels="reference", max_context_length=MAX_MODEL_LEN, num_kv_blocks=256)
     make = lambda: ModelRunner.from_model_dir(demo_model_dir, config)  # noqa: E731
     with running_server(make, config, MODEL, max_body_bytes=BODY_LIMIT) as srv:
         yield srv

@@ -210,7 +210,7 @@ def _node_name_terms(node_names) -> list[dict]:
 def _serve_limit_args(envelope) -> list[str]:
     """The envelope as `inferfleet-runtime serve` (paged) spells it; the tensor-parallel size where it is over 1."""
     args = [
-        "--max-model-len", str(envelope.max_context_length),
+        "--max-context-length", str(envelope.max_context_length),
         "--max-num-seqs", str(envelope.max_batch_size),
         "--dtype", envelope.dtype,
         "--block-size", str(envelope.block_size),

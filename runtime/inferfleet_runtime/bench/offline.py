@@ -281,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             compiled = make_compiled_engine(engine_dir, EngineConfig(device="cpu"))
         except Exception as exc:
             why_skipped = f"the compiled engine did not load: {type(exc).__name__}: {exc}"
-    if compiled is not None and compiled.max_model_len < args.input_len[1] + args.output_len[1]:
+    if compiled is not None and compiled.max_context_length < args.input_len[1] + args.output_len[1]:
         why_skipped = (
-            f"the compiled envelope ({compiled.max_model_len} tokens) is shorter than the workload's "
+            f"the compiled envelope ({compiled.max_context_length} tokens) is shorter than the workload's "
             f"longest request ({args.input_len[1] + args.output_len[1]})"
         )
         compiled = None
@@ -344,13 +344,13 @@ def kv_figures(engine, work: Workload, peak: dict) -> dict:
     block_size = engine.config.block_size
     bytes_per_token = kv_cache_bytes_per_block(engine.runner.model_config, block_size) // block_size
     final_tokens = sum(len(p) + n for p, n in zip(work.prompt_ids, work.output_lens))
-    reserved_tokens = len(work.output_lens) * engine.max_model_len
+    reserved_tokens = len(work.output_lens) * engine.max_context_length
     paged_slots = peak["used_blocks"] * block_size
     return {
         "requests": len(work.output_lens),
         "block_size": block_size,
         "bytes_per_token": bytes_per_token,
-        "max_model_len": engine.max_model_len,
+        "max_context_length": engine.max_context_length,
         "final_tokens": final_tokens,
         "paged_peak_blocks": peak["used_blocks"],
         "paged_peak_slot_tokens": paged_slots,
@@ -408,7 +408,7 @@ def print_kv(kv: dict, compiled) -> None:
         f"waste {kv['paged_waste_pct']:.1f}%"
     )
     print(
-        f"  contiguous max-length reservation: {kv['requests']} x {kv['max_model_len']} = "
+        f"  contiguous max-length reservation: {kv['requests']} x {kv['max_context_length']} = "
         f"{kv['contiguous_reserved_tokens']} token slots ({kv['contiguous_reserved_tokens'] * mib:.2f} MiB) for "
         f"{kv['final_tokens']} tokens at the end: waste {kv['contiguous_waste_pct']:.1f}%"
     )

@@ -171,7 +171,9 @@ def fit_engine_config(manifest: Manifest, config: EngineConfig) -> None:
     batch cap, context limit, and no prefix caching (KV lives per slot, not in shareable blocks)."""
     envelope = manifest.envelope
     config.max_num_seqs = min(config.max_num_seqs, envelope.max_batch_size)
-    config.max_model_len = min(config.max_model_len or envelope.max_context_length, envelope.max_context_length)
+    config.max_context_length = min(
+        config.max_context_length or envelope.max_context_length, envelope.max_context_length
+    )
     config.enable_prefix_caching = False
     config.num_kv_blocks, config.kv_cache_memory = None, None
 

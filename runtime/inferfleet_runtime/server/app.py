@@ -117,7 +117,7 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
     async def models():
         card = {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "inferfleet"}
         if state.engine is not None:
-            card["max_model_len"] = state.engine.engine.max_model_len
+            card["max_model_len"] = state.engine.engine.max_context_length  # vLLM's field name
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")

@@ -43,7 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="new tokens per engine step")
-    parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    parser.add_argument(
+        "--max-context-length",
+        "--max-model-len",
+        dest="max_context_length",
+        type=int,
+        default=None,
+        help="context limit in tokens, prompt and output together (default: the model's); --max-model-len is vLLM's "
+        "name for it",
+    )
     parser.add_argument(
         "--max-queue-len", type=int, default=1024, help="waiting requests beyond this are refused with 429"
     )
@@ -98,7 +106,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
+        max_context_length=args.max_context_length,
         max_queue_len=args.max_queue_len,
         enable_prefix_caching=not args.no_prefix_caching,
         kernels=args.kernels,

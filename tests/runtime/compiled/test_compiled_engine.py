@@ -91,7 +91,7 @@ def test_choices_forked_from_a_long_prompt_copy_its_cached_prefix(paged, compile
 
 
 def test_compiled_engine_caps_context_and_batch_at_the_envelope(compiled):
-    assert compiled.max_model_len == 64
+    assert compiled.max_context_length == 64
     assert compiled.scheduler.max_num_seqs == 4
     assert compiled.block_manager.num_blocks == 4 * 4  # 4 slots of 64 tokens in blocks of 16
     with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
