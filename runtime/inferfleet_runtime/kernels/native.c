@@ -15,6 +15,8 @@
  * element-wise ops run on the calling thread. inferfleet_forward instead keeps its threads for the whole step and
  * splits every phase between them (see there).
  */
+#include "native.h"
+
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
@@ -448,11 +450,7 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
  * then used by every row: the conversion cost is shared) and one row over LINEAR_GEMV_PANELS panels (sums of x u
  * per group, scaled and offset once per group: per weight, one widening and one multiply-add). Vector extensions
  * let the compiler pick AVX-512 (16 lanes), AVX2 (8) or plain SSE/scalar code from -march=native. */
-typedef struct {
-    int64_t bits, group_size;
-    const uint8_t *data;
-    const float *scales, *offsets; /* [panels][G][NR] each; offsets NULL: all 0 (symmetric int8) */
-} inferfleet_qweight;
+/* inferfleet_qweight: native.h. */
 
 typedef signed char qvec_s __attribute__((vector_size(LINEAR_VW), aligned(1)));
 typedef unsigned char qvec_u __attribute__((vector_size(LINEAR_VW), aligned(1)));
@@ -751,21 +749,7 @@ void inferfleet_qlinear(const float *x, int64_t x_stride, const inferfleet_qweig
  *   normed = rms_norm(residual); gate_up = normed Wgu; act = silu(gate) * up; residual += act Wdown
  * then out = rms_norm(residual) with the final norm. Adding the projection into the residual is the addition the
  * next norm's fused residual add did (x + r == r + x in IEEE arithmetic), so the result equals the op-by-op path. */
-typedef struct {
-    const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
-    const float *q_norm, *k_norm; /* [D] each, or NULL: every head of q and of k RMS-normalised before RoPE (Qwen3) */
-    int64_t window;               /* > 0: a sliding-window layer's window (see inferfleet_paged_attention); 0: none */
-    /* A quantized linear's weight, or NULL where the layer's float panels above serve (each slot its own kind). */
-    const inferfleet_qweight *qkv_q, *o_q, *gate_up_q, *down_q;
-} inferfleet_layer;
-
-typedef struct {
-    int64_t num_layers, hidden, num_q_heads, num_kv_heads, head_dim, intermediate, block_size;
-    int64_t vocab_size, max_positions; /* rows of embed and of cos_sin */
-    float eps, scale;
-    const float *embed, *final_norm, *cos_sin; /* [V, H], [H], [positions, D] */
-    const inferfleet_layer *layers;
-} inferfleet_model;
+/* inferfleet_layer and inferfleet_model: native.h. */
 
 /* Threads of one region waiting for each other: spinning (the waits between a step's ops are microseconds, and
  * libgomp's own barrier sleeps at once under OMP_WAIT_POLICY=PASSIVE, which the server sets), then yielding the

@@ -8,9 +8,12 @@ call, which is how a packed native model (model.pack_linears) serves.
 
 Build: `cc -O3 -march=native -fopenmp -shared` (the compiler from $CC, else `cc`) into
 $INFERFLEET_KERNEL_CACHE, else $XDG_CACHE_HOME/inferfleet/kernels, else ~/.cache/inferfleet/kernels; the file
-name carries a hash of the source, the flags, the compiler's version and this CPU's feature flags, so a cache
-shared between different machines never loads a build for another CPU. No compiler, or a failed build: `library()`
-is None, `unavailable_reason()` says why, and the "auto" backend is the reference (kernels.resolve_backend).
+name carries a hash of the source (native.c and its ABI header native.h), the flags, the compiler's version and
+this CPU's feature flags, so a cache shared between different machines never loads a build for another CPU. No
+compiler, or a failed build: `library()` is None, `unavailable_reason()` says why, and the "auto" backend is the
+reference (kernels.resolve_backend). The tests also build it with -Wall -Wextra -Werror and under AddressSanitizer
+and UndefinedBehaviorSanitizer (tests/runtime/kernels/test_native_abi.py); the build here has no -Werror, so a
+compiler with new warnings still gets the kernels.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 logger = logging.getLogger("inferfleet_runtime")
 
 SOURCE = Path(__file__).with_name("native.c")
+HEADER = SOURCE.with_name("native.h")  # the ABI: the structs and prototypes this module mirrors with ctypes
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC")
 
 _i64, _f32, _ptr, _int = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
@@ -73,7 +77,9 @@ def _build(compiler: str) -> Path:
     """Compiles native.c unless this machine's build is cached; returns the shared library's path."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(), _cpu_flags()]).encode()
+        "\0".join(
+            [SOURCE.read_text(), HEADER.read_text(), " ".join(FLAGS), version, platform.machine(), _cpu_flags()]
+        ).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"native-{key}.so"
     if target.exists():
@@ -101,7 +107,8 @@ def library() -> ctypes.CDLL | None:
     """The built kernels, or None (logged once, with the reason) when they cannot be built or loaded here."""
     compiler = os.environ.get("CC") or "cc"
     try:
-        path = _build(compiler)
+        # INFERFLEET_NATIVE_LIBRARY: a build of native.c made elsewhere (the sanitizer test's), loaded as it is.
+        path = os.environ.get("INFERFLEET_NATIVE_LIBRARY") or _build(compiler)
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         _unavailable.append(f"native kernels unavailable ({e}); using the torch reference ops")
