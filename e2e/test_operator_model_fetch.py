@@ -19,7 +19,7 @@ from helpers import Cluster, wait_for
 from operator_process import service_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime"))
-from hub_standin import HubStandIn  # noqa: E402  (the Hub stand-in shared with the runtime tests)
+from hub_standin import COMMIT, HubStandIn  # noqa: E402  (the Hub stand-in shared with the runtime tests)
 
 pytestmark = pytest.mark.e2e
 
@@ -50,6 +50,7 @@ def _run_init_container(cluster: Cluster, namespace: str, container: dict, root:
 
 def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(cluster: Cluster, ns, tmp_path):
     from inferfleet_runtime.demo_model import ensure_demo_model
+    from inferfleet_runtime.model_content import SOURCE_NAME, read_commit
 
     hub = HubStandIn(REPO, ensure_demo_model(), required_token=TOKEN)
     endpoint = hub.start()
@@ -83,7 +84,9 @@ def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(clust
         assert done.returncode == 0, done.stderr[-3000:]
         assert TOKEN not in done.stdout + done.stderr
         to = Path(_remap(init["args"][init["args"].index("--to") + 1], tmp_path / "pod"))
-        assert {p.name: p.read_bytes() for p in to.iterdir() if p.is_file()} == hub.files()
+        fetched = {p.name: p.read_bytes() for p in to.iterdir() if p.is_file() and p.name != SOURCE_NAME}
+        assert fetched == hub.files()
+        assert read_commit(to) == COMMIT  # what a compile of these files is addressed by
 
         init_without = {**init, "envFrom": []}  # the same container without the Secret is refused
         refused = _run_init_container(cluster, ns, init_without, tmp_path / "refused", endpoint)
