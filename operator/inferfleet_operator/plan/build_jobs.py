@@ -97,18 +97,7 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    pod_spec = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": _pod_security(),
-        "containers": [container],
-        "volumes": [
-            model_volume,
-            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-    }
+    pod_spec = _job_pod_spec(container, settings, model_volume)
     if fetches:
         pod_spec["initContainers"] = [
             _fetch_container(spec.compile_image, a, settings, spec.credentials_secret) for a in fetches
@@ -157,17 +146,7 @@ def prune_job_for(namespace: str, key: str, model_digest: str, image: str, setti
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    pod_spec = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": _pod_security(),
-        "containers": [container],
-        "volumes": [
-            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-    }
+    pod_spec = _job_pod_spec(container, settings)
     return {
         "apiVersion": KINDS["Job"].api_version,
         "kind": "Job",
@@ -180,3 +159,19 @@ def prune_job_for(namespace: str, key: str, model_digest: str, image: str, setti
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
         },
     }  # fmt: skip
+
+
+def _job_pod_spec(container: dict, settings, *volumes: dict) -> dict:
+    """A Job's pod: one container run once, non-root, no API token, with the engine cache and a /tmp (plus volumes)."""
+    return {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [
+            *volumes,
+            {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
