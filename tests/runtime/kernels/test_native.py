@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import inferfleet_runtime.kernels as kernels
+from inferfleet_runtime.attention import allocate_kv_cache
 from inferfleet_runtime.kernels import REFERENCE_OPS, get_ops, native
 from inferfleet_runtime.layers.linear import NativeLinear, pack_linears
 from inferfleet_runtime.loader import load_model
@@ -250,6 +251,22 @@ def test_build_lands_in_the_kernel_cache_and_is_reused(tmp_path):
     assert built_at[0] == built_at[1], "the second process rebuilt instead of loading the cached build"
 
 
+def fused_and_op_by_op(model, steps, block_size: int, threads: int):
+    """(hidden states, caches) of the steps through the whole-stack native forward, then again op by op."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        fused_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
+        fused = paged_steps(model, fused_caches, steps, block_size)
+        weights, model.native_weights = model.native_weights, None
+        op_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
+        op_by_op = paged_steps(model, op_caches, steps, block_size)
+        model.native_weights = weights
+    finally:
+        torch.set_num_threads(before)
+    return fused, fused_caches, op_by_op, op_caches
+
+
 def paged_steps(model, kv_caches, steps, block_size):
     """Runs steps [(block_tables, seq_lens, query_lens, input_ids)] through model; returns each step's hidden."""
     from inferfleet_runtime.attention import PagedAttention, build_attention_metadata
@@ -278,7 +295,6 @@ def test_one_call_forward_equals_the_op_by_op_native_path_bit_for_bit(tiny_llama
     # A prefill of three prompts in chunks (one extending its cached prefix), then decodes of all three, through
     # native.forward (what pack_linears sets up) and through the layers' op-by-op native kernels: the same hidden
     # states and the same caches, exactly, on any number of threads.
-    from inferfleet_runtime.attention import allocate_kv_cache
 
     model_dir = tiny_llama_factory(f"forward-{name}", **FORWARD_CONFIGS[name])
     model = load_model(model_dir, device="cpu", kernels="native").model
@@ -292,17 +308,7 @@ def test_one_call_forward_equals_the_op_by_op_native_path_bit_for_bit(tiny_llama
         (tables, [20, 9, 33], [1, 6, 16], ids(23)),  # decode, extend, prefill chunk past a block edge
         *[(tables, [21 + i, 10 + i, 34 + i], [1, 1, 1], ids(3)) for i in range(4)],  # decodes
     ]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        fused_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
-        fused = paged_steps(model, fused_caches, steps, block_size)
-        weights, model.native_weights = model.native_weights, None
-        op_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
-        op_by_op = paged_steps(model, op_caches, steps, block_size)
-        model.native_weights = weights
-    finally:
-        torch.set_num_threads(before)
+    fused, fused_caches, op_by_op, op_caches = fused_and_op_by_op(model, steps, block_size, threads)
     for a, b in zip(fused, op_by_op):
         assert torch.equal(a, b)
     for (k1, v1), (k2, v2) in zip(fused_caches, op_caches):
@@ -311,7 +317,6 @@ def test_one_call_forward_equals_the_op_by_op_native_path_bit_for_bit(tiny_llama
 
 
 def test_one_call_forward_refuses_a_token_past_the_vocabulary(tiny_llama_factory):
-    from inferfleet_runtime.attention import allocate_kv_cache
 
     model = load_model(tiny_llama_factory("forward-gqa", **FORWARD_CONFIGS["gqa"]), device="cpu", kernels="native")
     pack_linears(model.model)

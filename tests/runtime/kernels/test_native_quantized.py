@@ -14,7 +14,7 @@ from inferfleet_runtime.layers.quantized import QuantizedLinear
 from inferfleet_runtime.loader import load_model
 
 from ..paged_greedy import greedy_paged
-from .test_native import paged_steps
+from .test_native import fused_and_op_by_op
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
 
@@ -107,7 +107,6 @@ def test_int4_packs_half_a_byte_per_weight():
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_one_call_forward_equals_the_op_by_op_native_path(tiny_llama_factory, method, threads):
-    from inferfleet_runtime.attention import allocate_kv_cache
 
     model_dir = tiny_llama_factory("quant-forward-bias", num_key_value_heads=2, attention_bias=True, mlp_bias=True)
     model = load_model(model_dir, device="cpu", kernels="native", quantization=method).model
@@ -122,17 +121,7 @@ def test_quantized_one_call_forward_equals_the_op_by_op_native_path(tiny_llama_f
         (tables, [20, 9, 33], [1, 6, 16], ids(23)),
         *[(tables, [21 + i, 10 + i, 34 + i], [1, 1, 1], ids(3)) for i in range(3)],
     ]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        fused_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
-        fused = paged_steps(model, fused_caches, steps, block_size)
-        weights, model.native_weights = model.native_weights, None
-        op_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
-        op_by_op = paged_steps(model, op_caches, steps, block_size)
-        model.native_weights = weights
-    finally:
-        torch.set_num_threads(before)
+    fused, fused_caches, op_by_op, op_caches = fused_and_op_by_op(model, steps, block_size, threads)
     for a, b in zip(fused, op_by_op):
         assert torch.equal(a, b)
     assert op_caches[0][0].abs().sum() > 0
