@@ -1,8 +1,9 @@
-"""Each dense family through the compiled engine (AOTInductor on the CPU): exported from the same model classes the
+"""Each family through the compiled engine (AOTInductor on the CPU): exported from the same model classes the
 paged engine runs, it gives the paged engine's greedy tokens (which the family tests hold equal to transformers').
 The cases cover what the export must carry: q/k/v biases and tied embeddings (qwen2), per-head q/k norms (qwen3),
 checkpoints stored fused and a sliding window (phi3), Gemma's post-norms, GeGLU-tanh, soft-capping and a window
-(gemma2), and a second RoPE table for local layers (gemma3)."""
+(gemma2), a second RoPE table for local layers (gemma3), and a Mixture-of-Experts layer, exported with every expert
+computed densely under the routing weights (mixtral)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..test_model_families import CASES, make_checkpoint
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ["qwen2-tied-window-off", "qwen3", "phi3-window", "gemma2-window", "gemma3-text-window"]
+FAMILIES = ["qwen2-tied-window-off", "qwen3", "phi3-window", "gemma2-window", "gemma3-text-window", "mixtral"]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
