@@ -1,7 +1,9 @@
-"""Writes the generated reference pages: CRD fields from crds/*.yaml, Helm values from the chart's schema.
+"""Writes the generated reference pages: CRD fields from the operator's API models, Helm values from the chart's schema.
 
-Run `python docs/gen_reference.py` after changing a CRD, values.yaml or values.schema.json;
-tests/test_docs.py fails while the committed pages differ from what this writes.
+The CRD pages read the same declaration crds/*.yaml is written from (the pydantic models of
+operator/inferfleet_operator/api/, through crdgen), not the YAML files. Run `python docs/gen_reference.py` after
+changing an API model, values.yaml or values.schema.json; tests/test_docs.py fails while the committed pages differ
+from what this writes.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "operator") not in sys.path:
+    sys.path.insert(0, str(ROOT / "operator"))
+
+from inferfleet_operator.api import crdgen  # noqa: E402 - after the path above
+
 REFERENCE_DIR = Path("user-guide") / "reference"
 
-# CRD file → (page name, title)
+# CRD file (crdgen.FILES) → page name
 CRD_PAGES = {
     "inferenceservices.yaml": "inferenceservice.md",
     "inferenceruntimes.yaml": "inferenceruntime.md",
@@ -136,11 +143,12 @@ def _crd_rules(rows: list[dict], root_rules: list[dict]) -> list[str]:
     return lines
 
 
-def crd_page(crd_file: Path) -> str:
-    crd = yaml.safe_load(crd_file.read_text())
+def crd_page(crd: dict) -> str:
+    """The reference page of one CRD (as crdgen.crd writes it)."""
     names = crd["spec"]["names"]
     kind = names["kind"]
-    out = [HEADER.format(source=f"crds/{crd_file.name}") + f"# {kind} reference", ""]
+    source = f"the {kind} models in operator/inferfleet_operator/api/"
+    out = [HEADER.format(source=source) + f"# {kind} reference", ""]
     for version in crd["spec"]["versions"]:
         schema = version["schema"]["openAPIV3Schema"]
         short = ", ".join(_code(s) for s in names.get("shortNames", [])) or "none"
@@ -298,7 +306,7 @@ def helm_page(chart_dir: Path) -> str:
 
 def generate(root: Path = ROOT) -> dict[Path, str]:
     """Every generated page, by its path under docs/."""
-    pages = {REFERENCE_DIR / page: crd_page(root / "crds" / crd) for crd, page in CRD_PAGES.items()}
+    pages = {REFERENCE_DIR / page: crd_page(crdgen.crd(crdgen.FILES[crd])) for crd, page in CRD_PAGES.items()}
     pages[REFERENCE_DIR / HELM_PAGE] = helm_page(root / "charts" / "inferfleet")
     return pages
 

@@ -65,6 +65,34 @@ def test_bad_specs_raise_spec_error_naming_the_field(obj, field):
         parse_service(obj)
 
 
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"placement": {"tolerations": [{"key": "k"}, {"tolerationSeconds": "60"}]}},
+         "spec.placement.tolerations[1].tolerationSeconds must be an integer"),
+        ({"placement": {"tolerations": "k"}}, "spec.placement.tolerations must be a list"),
+        ({"placement": {"nodeSelector": ["a"]}}, "spec.placement.nodeSelector must be an object"),
+        ({"routing": {"endpointPicker": {"name": "epp"}}}, "spec.routing.endpointPicker.port is required"),
+        ({"autoscaling": {"maxReplicas": True, "targetWaitingRequests": 1}}, "spec.autoscaling.maxReplicas must be an integer"),
+        ({"engine": "big"}, "spec.engine must be an object"),
+    ],
+)  # fmt: skip
+def test_nested_errors_name_the_whole_field_path(spec, message):
+    with pytest.raises(SpecError) as error:
+        parse_service({"spec": {"model": {"name": "m", "uri": "hf://a/b"}} | spec})
+    assert str(error.value) == message
+
+
+def test_null_fields_read_as_absent_and_maps_round_trip_sorted():
+    spec = parse_service(
+        {"spec": {"model": {"name": "m", "uri": "hf://a/b", "revision": None}, "replicas": None,
+                  "placement": {"nodeSelector": {"z": "1", "a": "2"}}}}
+    ).spec  # fmt: skip
+    assert (spec.model.revision, spec.replicas) == ("main", 1)
+    assert list(to_dict(spec)["placement"]["nodeSelector"]) == ["a", "z"]
+    assert from_dict(type(spec), to_dict(spec)) == spec
+
+
 def test_compiled_runtime_without_compile_image_is_refused():
     with pytest.raises(SpecError, match="compileImage"):
         parse_runtime({"metadata": {"name": "x"}, "spec": {"engine": "Compiled", "vendors": ["nvidia"], "image": "i"}})

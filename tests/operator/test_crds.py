@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import yaml
@@ -73,15 +72,14 @@ def test_models_and_schema_have_the_same_fields_and_defaults(cls, path):
     schema = load_schema(path[0])
     for name in path[1:]:
         schema = schema["properties"][name]
-    fields = {api.to_camel(f.name): f for f in dataclasses.fields(cls)}
+    fields = {api.to_camel(name): info for name, info in cls.model_fields.items()}
     assert set(fields) == _schema_fields(schema)
-    for camel, f in fields.items():
+    for camel, info in fields.items():
         sub = schema["properties"][camel]
         required = camel in (schema.get("required") or [])
-        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        assert required != has_default, f"{camel}: required in the schema iff the model has no default"
+        assert required == info.is_required(), f"{camel}: required in the schema iff the model has no default"
         if "default" in sub and sub.get("type") != "object":
-            assert sub["default"] == api.default_of(cls, f.name), camel
+            assert sub["default"] == info.get_default(call_default_factory=True), camel
 
 
 def test_a_minimal_service_is_admitted_with_every_default_filled():
@@ -279,3 +277,36 @@ def test_documented_example_service_is_admitted_and_plans():
     assert errors == []
     p = plan_service(stored, [h100("h1"), mi300x("m1")], RUNTIMES, {}, {}, NOW)
     assert {e["name"]: e["desiredReplicas"] for e in p.status["pools"]} == {"amd-mi300x": 1, "nvidia-h100-80gb-hbm3": 3}
+
+
+def test_one_field_declaration_gives_the_schema_node_and_the_parsed_value():
+    from pydantic import StrictInt
+
+    from inferfleet_operator.api.schema import Model, field, openapi, parse, rule
+
+    class Knob(Model):
+        """A knob."""
+
+        RULES = (rule("self.turns >= 0", "turns must not be negative"),)
+
+        turns: StrictInt = field(3, "How far.", bounds=(0, 10), rules=[rule("self != 7", "not 7")])
+        label: str = field(..., "Its name.", pattern="^[a-z]+$", max_length=8)
+        tags: tuple[str, ...] = field((), "Tags.", items={"description": "Tag.", "enum": ["a", "b"]}, max_items=2)
+
+    assert openapi(Knob) == {
+        "type": "object",
+        "description": "A knob.",
+        "properties": {
+            "turns": {"type": "integer", "description": "How far.", "minimum": 0, "maximum": 10, "default": 3,
+                      "x-kubernetes-validations": [{"rule": "self != 7", "message": "not 7"}]},
+            "label": {"type": "string", "description": "Its name.", "pattern": "^[a-z]+$", "maxLength": 8},
+            "tags": {"type": "array", "description": "Tags.", "items": {"type": "string", "description": "Tag.", "enum": ["a", "b"]},
+                     "maxItems": 2, "x-kubernetes-list-type": "atomic"},
+        },
+        "required": ["label"],
+        "x-kubernetes-validations": [{"rule": "self.turns >= 0", "message": "turns must not be negative"}],
+    }  # fmt: skip
+    knob = parse(Knob, {"label": "x", "tags": ["a"]})
+    assert (knob.turns, knob.label, knob.tags) == (3, "x", ("a",))
+    with pytest.raises(api.SpecError, match=r"^spec\.turns must be an integer$"):
+        parse(Knob, {"label": "x", "turns": "3"})
