@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 from helpers import node_manifests
 
-from inferfleet_operator.plan.planner import cluster_view, plan_service_in
+from inferfleet_operator.plan.cluster import cluster_view
+from inferfleet_operator.plan.planner import ServiceInputs, plan_reconcile
 
 BENCH_LABEL = "inferfleet.dev/scale-bench"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -91,7 +92,7 @@ def floor_children(
     for i, service in enumerate(services):
         obj = copy.deepcopy(service)
         obj["metadata"].update(uid=f"floor-{i}", generation=1)
-        plan = plan_service_in(view, obj, {}, {}, now)
+        plan = plan_reconcile(ServiceInputs(obj, view, now))
         children = []
         for child in plan.children:
             child = _relabel(child, FLOOR_MANAGER)

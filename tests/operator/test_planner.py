@@ -10,7 +10,9 @@ from planning_data import NOW, RUNTIMES, cpu, deployment_as_read, h100, mi300x, 
 
 from inferfleet_operator.api.names import ENGINE_KEY_ANNOTATION
 from inferfleet_operator.api.types import PlanSettings, SpecError
-from inferfleet_operator.plan.planner import plan_service
+from inferfleet_operator.plan.autoscaling import LoadReading, PodMetrics
+from inferfleet_operator.plan.cluster import cluster_view
+from inferfleet_operator.plan.planner import ServiceInputs, plan_reconcile, plan_service
 
 NODES = [h100("h1"), h100("h2"), mi300x("m1"), cpu("c1")]
 NV = "llama-nvidia-h100-80gb-hbm3"
@@ -384,3 +386,97 @@ def test_a_pool_whose_nodes_hold_fewer_gpus_than_a_replica_shards_over_gets_none
     assert (entry["desiredReplicas"], entry["reason"]) == (0, "NoCapacity")
     assert entry["message"] == "no node has 4 allocatable nvidia.com/gpu"
     assert pool(p, "amd-mi300x")["desiredReplicas"] == 2  # 8 per node: the MI300X pool takes them
+
+
+# ------------------------------------------------------------------ plan_reconcile: the whole state from one call
+
+CPU = "llama-cpu-amd64"
+
+
+def autoscaled(**spec) -> dict:
+    """A cpu-only service autoscaled on waiting requests (target 2 per replica, 1..6 replicas, no stabilization)."""
+    autoscaling = {"minReplicas": 1, "maxReplicas": 6, "targetWaitingRequests": 2, "scaleDownStabilizationSeconds": 0}
+    return service(placement={"vendors": ["cpu"]}, autoscaling=autoscaling, **spec)
+
+
+def inputs(svc: dict, **kw) -> ServiceInputs:
+    return ServiceInputs(svc, cluster_view([cpu("c1"), cpu("c2")], RUNTIMES), NOW, **kw)
+
+
+def waiting(*values) -> LoadReading:
+    return LoadReading({"cpu-amd64": tuple(PodMetrics(waiting=v) for v in values)})
+
+
+def test_one_call_scales_from_the_load_and_the_deployment_routing_and_status_agree():
+    p = plan_reconcile(inputs(autoscaled(), load=waiting(9.0, 7.0), is_pool_crd_served=True))
+    # 8 waiting per replica against a target of 2 from 2 replicas: ceil(2 * 4) = 8, capped by maxReplicas.
+    assert p.scaling.replicas == {"cpu-amd64": 6}
+    assert kinds(p)[f"Deployment/{CPU}"]["spec"]["replicas"] == 6
+    assert (pool(p, "cpu-amd64")["desiredReplicas"], p.status["replicas"]) == (6, 6)
+    (entry,) = p.status["autoscaling"]["pools"]
+    assert (entry["currentReplicas"], entry["desiredReplicas"], entry["reason"]) == (2, 6, "MaxReplicas")
+    assert p.status["autoscaling"]["lastScaleTime"] == "2026-01-01T12:00:00Z"
+    assert p.routing.pool is not None and p.status["routing"]["pools"] == ["cpu-amd64"]
+    assert [e.reason for e in p.events if e.reason == "ScaledUp"] == ["ScaledUp"]
+
+
+def test_between_scrapes_the_last_decision_stands_and_says_nothing_new():
+    first = plan_reconcile(inputs(autoscaled(), load=waiting(9.0, 7.0)))
+    svc = autoscaled(status=first.status)
+    again = plan_reconcile(
+        inputs(svc, scaling=first.scaling, children={"Deployment": [kinds(first)[f"Deployment/{CPU}"]]})
+    )
+    assert again.scaling is first.scaling and kinds(again)[f"Deployment/{CPU}"]["spec"]["replicas"] == 6
+    assert again.status["autoscaling"] == first.status["autoscaling"]
+    assert not [e for e in again.events if e.reason in ("ScaledUp", "ScaledDown")]
+
+
+def test_the_autoscaler_starts_from_the_live_deployment_and_keeps_to_the_gpus_others_leave():
+    svc = service(replicas=1, runtime={"policy": "Paged"}, placement={"vendors": ["nvidia"]},
+                  autoscaling={"maxReplicas": 8, "targetWaitingRequests": 1})  # fmt: skip
+    view = cluster_view([h100("h1")], RUNTIMES)
+    live = plan_service(svc, [h100("h1")], RUNTIMES, {}, {}, NOW).children[0]
+    live["spec"]["replicas"] = 1
+    load = LoadReading({"nvidia-h100-80gb-hbm3": (PodMetrics(waiting=20.0),)}, {"nvidia-h100-80gb-hbm3": 6})
+    p = plan_reconcile(ServiceInputs(svc, view, NOW, children={"Deployment": [live]}, load=load))
+    (entry,) = p.status["autoscaling"]["pools"]
+    assert (entry["currentReplicas"], entry["desiredReplicas"], entry["reason"]) == (1, 2, "CapacityLimited")
+    assert pool(p, "nvidia-h100-80gb-hbm3")["desiredReplicas"] == 2
+
+
+def test_routing_asked_for_without_the_crd_warns_and_a_disabled_route_deletes_the_earlier_pool():
+    enabled = plan_reconcile(inputs(service(placement={"vendors": ["cpu"]}, routing={"inferencePool": "Enabled"})))
+    assert enabled.routing.pool is None and enabled.routing.warning.reason == "InferencePoolCRDAbsent"
+    assert enabled.status["routing"]["reason"] == "InferencePoolCRDAbsent" and enabled.routing.stale_pool == ""
+    before = {"routing": {"inferencePool": "llama"}}
+    disabled = service(placement={"vendors": ["cpu"]}, routing={"inferencePool": "Disabled"}, status=before)
+    p = plan_reconcile(inputs(disabled, is_pool_crd_served=True))
+    assert (p.routing.pool, p.routing.stale_pool, p.routing.warning) == (None, "llama", None)
+    assert p.status["routing"]["reason"] == "RoutingDisabled"
+    off = plan_reconcile(inputs(disabled, is_pool_crd_served=True, is_routing_allowed=False))
+    assert off.routing.stale_pool == "", "an operator without InferencePools never deletes one"
+
+
+def test_a_refused_write_degrades_the_status_until_the_write_goes_through():
+    refused = {("Deployment", CPU, "cpu-amd64"): "spec.replicas: Invalid value"}
+    p = plan_reconcile(inputs(service(placement={"vendors": ["cpu"]}), refused=refused))
+    assert p.refused == refused
+    assert (cond(p, "Degraded")["status"], cond(p, "Degraded")["reason"]) == ("True", "ApplyFailed")
+    assert "refused by the API server" in pool(p, "cpu-amd64")["message"]
+    healed, events = p.report.with_refusals({})
+    assert next(c for c in healed["conditions"] if c["type"] == "Degraded")["status"] == "False"
+    assert not [e for e in events if e.reason == "ApplyFailed"]
+    gone = plan_reconcile(inputs(service(placement={"vendors": ["cpu"]}), refused={("Deployment", "old", ""): "x"}))
+    assert gone.refused == {}, "a refusal of an object no longer planned is over"
+
+
+def test_children_not_owned_are_left_alone_and_owned_ones_no_longer_planned_are_stale():
+    svc = service(placement={"vendors": ["cpu"]})
+    first = plan_reconcile(inputs(svc))
+    taken = dict(kinds(first)["Service/llama"], metadata={"name": "llama", "namespace": "team-a"})
+    old = dict(kinds(first)[f"Deployment/{CPU}"])
+    old["metadata"] = dict(old["metadata"], name="llama-gone")
+    p = plan_reconcile(inputs(svc, children={"Service": [taken], "Deployment": [old]}))
+    assert p.not_owned == {("Service", "llama")}
+    assert [(kind, meta["name"]) for kind, meta in p.stale] == [("Deployment", "llama-gone")]
+    assert cond(p, "Degraded")["reason"] == "NotOwned"

@@ -7,7 +7,11 @@ import dataclasses
 import datetime
 
 import httpx
-from test_handlers_reconcile import NOW, World, _service
+import pytest
+from test_handlers_reconcile import NOW, World, _refuse, _service
+
+from inferfleet_operator.kube.client import ApiError
+from inferfleet_operator.plan import planner
 
 
 def _routed(world_services=None, **routing):
@@ -218,3 +222,36 @@ def test_a_deleted_service_leaves_no_autoscaling_history_behind():
     world.sync()
     world.reconcile()
     assert ("team-a", "llama") not in world.ctx.scaling
+
+
+def test_a_reconcile_plans_once_even_when_it_scales_routes_and_a_write_is_refused(monkeypatch):
+    """One reconcile: one planning call and one status built, whatever it reads (a scrape that scales, the CRD
+    served) and whatever its writes meet (a child refused, so the status is written again with the refusal)."""
+    calls = {"plan": 0, "status": 0}
+
+    def counted(name, function):
+        def count(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return count
+
+    monkeypatch.setattr(planner, "plan_reconcile", counted("plan", planner.plan_reconcile))
+    monkeypatch.setattr(planner, "build_status", counted("status", planner.build_status))
+    load = {}
+    world = _autoscaled(load)
+    world.api.serves_pools = True
+    world.reconcile()
+    world.sync()
+    assert calls == {"plan": 1, "status": 1}
+    _add_pods(world, 2)
+    load.update({"pod-0": 9.0, "pod-1": 7.0})
+    _refuse(world, "Deployment", "spec.template: Invalid value")
+    before = len(world.api.requests)
+    with pytest.raises(ApiError):  # the work queue retries it after its error delay
+        world.reconcile()
+    writes = world.api.requests[before:]
+    assert _replicas(world) == 2, "the refused scale-up left the Deployment as it was"
+    assert writes.count(("PATCH", "InferenceService/status")) == 2, "status written, then again with the refusal"
+    assert world.get("InferencePool", "llama") is not None
+    assert calls == {"plan": 2, "status": 2}, "one plan per reconcile"

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from inferfleet_operator.kube.diff import strip_object
-from inferfleet_operator.plan import planner
+from inferfleet_operator.plan import cluster
 
 # Index ids (kopf passes each index to handlers under this keyword) and what they are keyed by.
 SERVICES = "service_index"  # (namespace, name) -> InferenceService
@@ -54,7 +54,7 @@ class ReadCache:
         self.refused: dict[Key, dict[Key, str]] = {}
         # Nodes and runtimes classified once per change, shared by every service's plan.
         self.cluster_version = 0
-        self._view: tuple[int, planner.ClusterView] | None = None
+        self._view: tuple[int, cluster.ClusterView] | None = None
 
     # ------------------------------------------------------------------ indexes
 
@@ -75,9 +75,9 @@ class ReadCache:
     def cluster_changed(self) -> None:
         self.cluster_version += 1
 
-    def cluster_view(self) -> planner.ClusterView:
+    def cluster_view(self) -> cluster.ClusterView:
         if self._view is None or self._view[0] != self.cluster_version:
-            view = planner.cluster_view(self.all_values(NODES), self.all_values(RUNTIMES))
+            view = cluster.cluster_view(self.all_values(NODES), self.all_values(RUNTIMES))
             self._view = (self.cluster_version, view)
         return self._view[1]
 

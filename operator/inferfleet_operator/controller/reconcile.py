@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -25,7 +26,6 @@ from inferfleet_operator.controller import reconcile_autoscaling, reconcile_rout
 from inferfleet_operator.controller.cache import (
     BUILDS,
     CHILD_INDEXES,
-    DEPLOYMENTS,
     JOBS,
     PODS,
     SERVICE_PODS,
@@ -39,7 +39,6 @@ from inferfleet_operator.kube.client import ApiError, Kube
 from inferfleet_operator.kube.diff import is_subset, needs_apply, with_applied_hash
 from inferfleet_operator.plan import build_jobs, build_lifecycle, builds, findings, planner
 from inferfleet_operator.plan import manifests as m
-from inferfleet_operator.plan.service_status import pool_events
 
 logger = logging.getLogger("inferfleet_operator")
 
@@ -60,8 +59,9 @@ class Context:
     cache: ReadCache
     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
     events: EventRecorder = dataclasses.field(init=False)
-    # Autoscaling and routing: the client that reads pods' /metrics, each autoscaled service's
-    # recommendation history, and whether the InferencePool CRD was served when last asked.
+    # Autoscaling and routing: the client that reads pods' /metrics, each autoscaled service's last
+    # decision with its recommendation history (reconcile_autoscaling.ScalingState), and whether the
+    # InferencePool CRD was served when last asked.
     scraper: Any = None
     scaling: dict = dataclasses.field(default_factory=dict)
     pool_served: tuple[float, bool] | None = None
@@ -89,44 +89,77 @@ class Context:
 
 
 async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | None:
-    """Makes one InferenceService's builds, children and status match its plan."""
+    """Makes one InferenceService's builds, children and status match its plan: reads everything the plan
+    needs, plans once (planner.plan_reconcile), applies the plan."""
     cache = ctx.cache
     indexed = next(iter(cache.values(SERVICES, (namespace, name))), None)
     service = cache.fresher(SERVICE_KIND, indexed, namespace, name)
     if service is None or service["metadata"].get("deletionTimestamp"):
         ctx.scaling.pop((namespace, name), None)  # its autoscaling history goes with it
         return None  # children go with their owner (ownerReferences); builds by reference GC
-    builds_by_key = {b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b for b in _builds(ctx, namespace)}
-    deployments = {d["metadata"]["name"]: d for d in cache.values(DEPLOYMENTS, (namespace, name))}
     try:
-        plan = planner.plan_service_in(
-            cache.cluster_view(), service, builds_by_key, deployments, ctx.clock(), ctx.plan_settings
-        )
-        scaled = await reconcile_autoscaling.autoscale(ctx, service, plan.status, plan.capacities, ctx.clock())
-        if scaled is not None:  # re-planned with the autoscaler's replicas per pool
-            plan = planner.plan_service_in(
-                cache.cluster_view(),
-                service,
-                builds_by_key,
-                deployments,
-                ctx.clock(),
-                ctx.plan_settings,
-                scaled.replicas,
-            )
-            plan.status["autoscaling"] = scaled.status
-            plan.events += scaled.events
-            plan.requeue_after = min(plan.requeue_after or float("inf"), ctx.config.autoscale_seconds)
-        routed = await reconcile_routing.plan(ctx, service, plan.status)
+        inputs = await _read_service_inputs(ctx, service)
+        plan = planner.plan_reconcile(inputs)
     except api.SpecError as error:
         logger.warning("Refused InferenceService %s/%s: %s", namespace, name, error)
         await ctx.events.post(service, [warning("InvalidSpec", str(error))], "Plan")
         return None
+    if plan.scaling is None:
+        ctx.scaling.pop((namespace, name), None)
+    elif inputs.load is not None:  # decided anew from this reconcile's scrape
+        ctx.scaling[(namespace, name)] = reconcile_autoscaling.ScalingState(time.monotonic(), plan.scaling)
+    await _apply_service(ctx, service, indexed, inputs, plan)
+    return ctx.config.autoscale_seconds if plan.scaling is not None else None
 
-    await _request_rebuilds(ctx, service, plan.status.get("pools") or [], builds_by_key)
+
+async def _read_service_inputs(ctx: Context, service: dict) -> planner.ServiceInputs:
+    """Everything the plan of `service` reads: the cluster view, its builds and children, the refusals of earlier
+    writes, claims and serving pods, the pods' load when a scrape is due, and whether the InferencePool CRD is
+    served. Raises api.SpecError for a spec the planner refuses (before any pod is listed)."""
+    cache = ctx.cache
+    meta = service["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    spec = api.parse_service(service).spec
+    state = ctx.scaling.get((namespace, name)) if spec.autoscaling is not None else None
+    load = None
+    if spec.autoscaling is not None and reconcile_autoscaling.is_due(ctx, state):
+        load = await reconcile_autoscaling.read_load(ctx, namespace, name)
+    # Discovery is asked only where its answer matters: routing not Disabled, or a pool of an earlier plan to delete.
+    is_allowed = ctx.config.inference_pools != "disabled"
+    previous_pool = ((service.get("status") or {}).get("routing") or {}).get("inferencePool")
+    is_served = (
+        is_allowed
+        and (spec.routing.inference_pool != "Disabled" or bool(previous_pool))
+        and await reconcile_routing.is_pool_served(ctx)
+    )
+    return planner.ServiceInputs(
+        service=service,
+        view=cache.cluster_view(),
+        now=ctx.clock(),
+        builds={b.get("spec", {}).get("engineKey", b["metadata"]["name"]): b for b in _builds(ctx, namespace)},
+        children={kind: cache.values(index, (namespace, name)) for kind, index in CHILD_INDEXES.items()},
+        settings=ctx.plan_settings,
+        load=load,
+        scaling=state.last if state is not None else None,
+        is_routing_allowed=is_allowed,
+        is_pool_crd_served=is_served,
+        refused=cache.refused.get((SERVICE_KIND, namespace, name), {}),
+        claims=cache.claims(namespace),
+        pods=cache.values(SERVICE_PODS, (namespace, name)) if SERVICE_PODS in cache.indices else None,
+    )
+
+
+async def _apply_service(
+    ctx: Context, service: dict, indexed: dict | None, inputs: planner.ServiceInputs, plan: planner.ServicePlan
+) -> None:
+    """Writes what the plan says: rebuild requests, builds, then status, children and the InferencePool side by
+    side, then deletes stale children; a write the API server refuses goes into the status. Raises the first
+    failed write's error once every write has run (the work queue retries)."""
+    cache = ctx.cache
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    await _request_rebuilds(ctx, service, plan.rebuilds, inputs.builds)
     owner = (SERVICE_KIND, namespace, name)
-    planned = {(d["kind"], d["metadata"]["name"]) for d in plan.engine_builds + plan.children}
-    # A refusal of an object the plan no longer has (the user changed the spec) is over.
-    refused = {k: v for k, v in cache.refused.get(owner, {}).items() if k[:2] in planned}
+    refused = dict(plan.refused)
     failures: list[ApiError] = []
 
     async def apply_child(desired: dict, live: dict | None, pool: str = "") -> int:
@@ -162,18 +195,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     # children. One after the other, a first rollout held its work-queue slot for one round trip per
     # write (4–5 in a row). Refused writes of earlier reconciles are in the status, so a retry that is
     # refused alike writes no status.
-    # Children of the plan whose live namesake (labelled for this service) is not owned by it: never written.
-    uid = service["metadata"].get("uid", "")
-    not_owned: dict[tuple[str, str], findings.Finding] = {}
-    for desired in plan.children:
-        kind, child_name = desired["kind"], desired["metadata"]["name"]
-        index = CHILD_INDEXES.get(kind)
-        live = _find(cache.values(index, (namespace, name)), child_name) if index else None
-        if live is not None and not m.is_owned_by(live, uid):
-            pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
-            owner = f"InferenceService {namespace}/{name}"
-            not_owned[(kind, child_name)] = findings.not_owned_finding(kind, child_name, owner, pool)
-    status, events = _with_findings(ctx, service, plan, refused, builds_by_key, list(not_owned.values()))
+    status, events = plan.status, plan.events
     is_changed = not _same(status, service.get("status") or {})
     # The Events go out beside the writes: they are a person's record, never an input of a write, and
     # posting them after the writes held the reconcile's slot one more round trip per Event (at 200
@@ -189,43 +211,31 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
 
     async def apply_routing() -> int:
         try:
-            return await reconcile_routing.apply(ctx, service, routed)
+            return await reconcile_routing.apply(ctx, service, plan.routing)
         except ApiError as error:
             logger.error("Failed to apply InferencePool %s/%s: %s", namespace, name, error)
             failures.append(error)
             return 0
 
     async def delete_child(kind: str, meta: dict) -> int:
-        if await ctx.kube.delete(KINDS[kind].api_version, kind, namespace, meta["name"], uid=meta.get("uid")):
+        uid = meta.get("uid")
+        if await ctx.kube.delete(KINDS[kind].api_version, kind, namespace, meta["name"], uid=uid):
             logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
             return 1
         return 0
 
     try:
-        desired_names: dict[str, set[str]] = {kind: set() for kind in CHILD_INDEXES}
         writes = [write_status(), apply_routing()]
         for desired in plan.children:
             kind, child_name = desired["kind"], desired["metadata"]["name"]
-            desired_names.setdefault(kind, set()).add(child_name)
-            if (kind, child_name) in not_owned:
+            if (kind, child_name) in plan.not_owned:
                 continue
-            index = CHILD_INDEXES.get(kind)
-            live = _find(cache.values(index, (namespace, name)), child_name) if index else None
+            live = _find(inputs.children.get(kind, ()), child_name)
             pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
             writes.append(apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool))
         num_changes += await _all(writes)
-
-        # Children no longer planned are deleted once the planned ones are applied; only those this service
-        # owns (by UID): an object that merely carries its labels is someone else's.
-        stale = [
-            (kind, child["metadata"])
-            for kind, index in CHILD_INDEXES.items()
-            for child in cache.values(index, (namespace, name))
-            if child["metadata"]["name"] not in desired_names[kind]
-            and not child["metadata"].get("deletionTimestamp")
-            and m.is_owned_by(child, uid)
-        ]
-        num_changes += await _all([delete_child(kind, meta) for kind, meta in stale])
+        # Children no longer planned are deleted once the planned ones are applied.
+        num_changes += await _all([delete_child(kind, meta) for kind, meta in plan.stale])
 
         if refused != cache.refused.get(owner, {}):  # a write newly refused, or one that now went through
             if refused:
@@ -233,7 +243,7 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
             else:
                 cache.refused.pop(owner, None)
             written = cache.fresher(SERVICE_KIND, indexed, namespace, name) or service
-            status, events = _with_findings(ctx, service, plan, refused, builds_by_key, list(not_owned.values()))
+            status, events = plan.report.with_refusals(refused)
             if not _same(status, written.get("status") or {}):
                 cache.remember(await ctx.kube.apply_status(service, status))
                 num_changes += 1
@@ -243,19 +253,15 @@ async def reconcile_service(ctx: Context, namespace: str, name: str) -> float | 
     await ctx.events.post(service, _to_post(events, num_changes), "Reconcile")
     if failures:
         raise failures[0]  # retried by the work queue after its error delay (a backoff)
-    return plan.requeue_after
 
 
-async def _request_rebuilds(ctx: Context, service: dict, pools: list[dict], builds_by_key: Mapping[str, dict]) -> None:
+async def _request_rebuilds(
+    ctx: Context, service: dict, rebuilds: Mapping[str, tuple[str, str]], builds_by_key: Mapping[str, dict]
+) -> None:
     """Marks the builds whose engine this service's pods found lost (exit code 3): the build reconcile then
     runs a new attempt, and meanwhile the pool is served as while any build runs (bridge or fallback)."""
-    if SERVICE_PODS not in ctx.cache.indices:
-        return
-    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
-    lost = findings.engine_lost_pods(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL)
-    if not lost:
-        return
-    for key, (job, pod) in sorted(build_lifecycle.rebuilds_for_lost_engines(pools, lost, dict(builds_by_key)).items()):
+    namespace = service["metadata"]["namespace"]
+    for key, (job, pod) in sorted(rebuilds.items()):
         build = builds_by_key[key]
         ctx.cache.remember(await ctx.kube.patch_metadata(build, annotations={REBUILD_ANNOTATION: job}))
         logger.warning("Requested a rebuild of EngineBuild %s/%s: pod %s found the engine of Job %s lost",
@@ -278,50 +284,6 @@ def _to_post(events: list, num_changes: int) -> list:
     """Findings are posted whether or not anything was written: a pod can start failing while every
     object stays as planned. The plan's other Events tell of a change, so only when one was written."""
     return events if num_changes else [e for e in events if e.reason in findings.ORDER]
-
-
-def _with_findings(
-    ctx: Context,
-    service: dict,
-    plan: planner.ServicePlan,
-    refused: Mapping[tuple[str, str, str], str],
-    builds_by_key: Mapping[str, dict],
-    extra: list[findings.Finding] = (),
-) -> tuple[dict, list]:
-    """The plan's status and Events with the failures a user must act on: refused writes, missing
-    claims, what the service's pods report (unschedulable, model fetch failing) and what its
-    builds report (compile pods that cannot run, a deadline exceeded)."""
-    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
-    found = [
-        findings.apply_finding(kind, child, message, pool) for (kind, child, pool), message in sorted(refused.items())
-    ]
-    found += list(extra)
-    found += findings.build_findings(plan.status.get("pools") or [], builds_by_key)
-    claims = ctx.cache.claims(namespace)
-    if claims is not None:
-        deployments = [d for d in plan.children if d["kind"] == "Deployment"]
-        found += findings.missing_claims(deployments, claims, POOL_LABEL)
-        found += findings.missing_cache_claim(
-            plan.status.get("pools") or [], claims, ctx.plan_settings.engine_cache_claim, namespace
-        )
-    if SERVICE_PODS in ctx.cache.indices:
-        fields = findings.secret_fields(service.get("spec") or {})
-        found += findings.pods_findings(ctx.cache.values(SERVICE_PODS, (namespace, name)), POOL_LABEL, fields)
-    if not found:
-        return plan.status, plan.events
-    previous = service.get("status") or {}
-    status = findings.degraded_status(
-        plan.status,
-        found,
-        c.by_type(previous.get("conditions")),
-        ctx.clock(),
-        int(service["metadata"].get("generation") or 0),
-    )
-    # The planner's Events, against the status with the findings; the Degraded flip is said by the
-    # findings' own Warnings (one per reason).
-    events = [e for e in pool_events(previous, status) if not (e.type == "Warning" and e.reason in findings.ORDER)]
-    events += [warning(reason, message) for reason, message in findings.grouped(found)]
-    return status, events
 
 
 def is_namespace_terminating(error: BaseException) -> bool:

@@ -4,9 +4,12 @@ missing-metric rules, clamped by each pool's free capacity and the service's min
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from inferfleet_operator.api.conditions import PlannedEvent, normal
+from inferfleet_operator.api.quantity import to_int
 from inferfleet_operator.api.types import AutoscalingSpec
 
 TOLERANCE = 0.1  # the HPA's default: a usage ratio within 10% of 1 changes nothing
@@ -175,3 +178,73 @@ def free_capacity(pool_gpus: int, gpus_used_by_others: int, gpus_per_replica: in
     more than the pool's own per-node packing allows."""
     free = max(pool_gpus - gpus_used_by_others, 0)
     return min(pool_capacity, free // max(gpus_per_replica, 1))
+
+
+def gpus_held(deployment: Mapping) -> int:
+    """GPUs one Deployment holds: replicas × the extended resources in its containers' limits."""
+    spec = deployment.get("spec") or {}
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    per_pod = 0
+    for container in containers:
+        for resource, value in ((container.get("resources") or {}).get("limits") or {}).items():
+            if "/" in resource:  # extended resources (nvidia.com/gpu, amd.com/gpu, ...)
+                per_pod += to_int(value)
+    return per_pod * int(spec.get("replicas") or 0)
+
+
+@dataclass(frozen=True)
+class LoadReading:
+    """What one scrape found, read before the plan: each pool's serving pods (one entry per pod, None for a
+    pod that did not answer or is not ready) and the GPUs other services' Deployments hold in each pool."""
+
+    pods: Mapping[str, tuple[PodMetrics | None, ...]] = field(default_factory=dict)
+    gpus_held_by_others: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """One autoscaling decision of a service: kept between scrapes (the last decision stands), and what
+    status.autoscaling and the ScaledUp/ScaledDown Events are made of."""
+
+    decisions: tuple[PoolDecision, ...]
+    history: History
+    last_scale_time: str | None = None  # RFC 3339; when a decision last changed a pool's replicas
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        return {d.name: d.desired for d in self.decisions}
+
+    def status(self) -> dict:
+        """status.autoscaling."""
+        status: dict = {"pools": [{"name": d.name, "currentReplicas": d.current, "desiredReplicas": d.desired,
+                                   "metric": d.metric, "value": _format(d.value), "target": _format(d.target),
+                                   "reason": d.reason} for d in self.decisions]}  # fmt: skip
+        if self.last_scale_time:
+            status["lastScaleTime"] = self.last_scale_time
+        return status
+
+    def events(self) -> list[PlannedEvent]:
+        events = []
+        for d in self.decisions:
+            if d.desired == d.current:
+                continue
+            why = f"{d.metric} {_format(d.value)} per replica, target {_format(d.target)}" if d.metric else d.reason
+            reason = REASON_SCALED_UP if d.desired > d.current else REASON_SCALED_DOWN
+            events.append(normal(reason, f"Pool {d.name}: {d.current} -> {d.desired} replicas ({why}; {d.reason})"))
+        return events
+
+
+def _format(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+def scale(
+    spec: AutoscalingSpec, pools: list[PoolLoad], history: History, last_scale_time: str | None, now: datetime
+) -> Scaling:
+    """decide over a copy of `history` (the caller keeps the returned Scaling, history included);
+    last_scale_time: the previous status.autoscaling.lastScaleTime, kept unless a pool's replicas change."""
+    history = History({name: list(kept) for name, kept in history.recommendations.items()})
+    decisions = tuple(decide(spec, pools, history, now))
+    if any(d.desired != d.current for d in decisions):
+        last_scale_time = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Scaling(decisions, history, last_scale_time)

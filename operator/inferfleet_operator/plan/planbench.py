@@ -7,7 +7,8 @@ import random
 import time
 from datetime import UTC, datetime
 
-from inferfleet_operator.plan.planner import cluster_view, plan_service_in
+from inferfleet_operator.plan.cluster import cluster_view
+from inferfleet_operator.plan.planner import ServiceInputs, plan_reconcile
 
 PRODUCTS = [  # (weight, labels, allocatable)
     (
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     view = cluster_view(nodes, runtimes)
     cpu1 = time.process_time()
-    plans = [plan_service_in(view, svc, {}, {}, now) for svc in services]
+    plans = [plan_reconcile(ServiceInputs(svc, view, now)) for svc in services]
     # Second pass as a resync: builds half Ready, statuses fed back (the steady state of a running operator).
     builds = {}
     for plan in plans:
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             builds[b["metadata"]["name"]] = b | {"status": {"state": "Ready" if i % 2 == 0 else "Building"}}
     cpu2 = time.process_time()
     for svc, plan in zip(services, plans):
-        plan_service_in(view, svc | {"status": plan.status}, builds, {}, now)
+        plan_reconcile(ServiceInputs(svc | {"status": plan.status}, view, now, builds))
     cpu3, wall3 = time.process_time(), time.perf_counter()
 
     num_children = sum(len(p.children) for p in plans)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferfleet_operator.api.conditions import PlannedEvent, warning
 from inferfleet_operator.api.names import (
     API_VERSION,
     COMPONENT_LABEL,
@@ -25,6 +26,8 @@ REASON_OPERATOR_DISABLED = "InferencePoolsOffInOperator"
 class RoutingPlan:
     pool: dict | None  # the InferencePool to apply; None: there must be none
     status: dict  # the service's status.routing
+    stale_pool: str = ""  # the InferencePool an earlier plan made, to delete now ("": none, or it cannot be asked)
+    warning: PlannedEvent | None = None  # routing was asked for (Enabled) and cannot be: say why
 
 
 def inference_pool_for(service: InferenceService, settings: PlanSettings) -> dict:
@@ -58,19 +61,33 @@ def inference_pool_for(service: InferenceService, settings: PlanSettings) -> dic
 
 
 def plan_routing(
-    service: InferenceService, serving_pools: list[str], is_served: bool, is_allowed: bool, settings: PlanSettings
+    service: InferenceService,
+    serving_pools: list[str],
+    is_served: bool,
+    is_allowed: bool,
+    settings: PlanSettings,
+    previous: str = "",
 ) -> RoutingPlan:
     """serving_pools: the pools that run serving pods now. is_served: the cluster serves the GAIE CRD.
-    is_allowed: the operator was started with InferencePools on (its RBAC grants them)."""
+    is_allowed: the operator was started with InferencePools on (its RBAC grants them). previous: the
+    InferencePool the service's status names (made by an earlier plan)."""
     mode = service.spec.routing.inference_pool
+    stale = previous if is_allowed and is_served else ""
     if mode == "Disabled":
-        return RoutingPlan(None, {"reason": REASON_DISABLED, "message": "spec.routing.inferencePool is Disabled"})
-    if not is_allowed:
-        why = "the operator runs with --inference-pools=disabled (no RBAC for inferencepools)"
-        return RoutingPlan(None, {"reason": REASON_OPERATOR_DISABLED, "message": why})
-    if not is_served:
-        why = f"the cluster does not serve {POOL_API_VERSION} {POOL_KIND} (install the Gateway API Inference Extension CRDs)"
-        return RoutingPlan(None, {"reason": REASON_CRD_ABSENT, "message": why})
+        return RoutingPlan(
+            None, {"reason": REASON_DISABLED, "message": "spec.routing.inferencePool is Disabled"}, stale
+        )
+    if not is_allowed or not is_served:
+        if not is_allowed:
+            reason, why = (
+                REASON_OPERATOR_DISABLED,
+                "the operator runs with --inference-pools=disabled (no RBAC for inferencepools)",
+            )
+        else:
+            reason = REASON_CRD_ABSENT
+            why = f"the cluster does not serve {POOL_API_VERSION} {POOL_KIND} (install the Gateway API Inference Extension CRDs)"
+        said = warning(reason, why) if mode == "Enabled" else None
+        return RoutingPlan(None, {"reason": reason, "message": why}, stale, said)
     pool = inference_pool_for(service, settings)
     status = {
         "inferencePool": pool["metadata"]["name"],

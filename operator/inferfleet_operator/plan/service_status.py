@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from inferfleet_operator.api import conditions as c
 from inferfleet_operator.api.types import InferenceService
+from inferfleet_operator.plan import findings
 from inferfleet_operator.plan.choice import Excluded
 
 TRANSITIONAL = (c.REASON_BRIDGING, c.REASON_SERVING_PREVIOUS_ENGINE, c.REASON_WAITING_FOR_BUILD)
@@ -158,3 +161,43 @@ def _name_in_first_normal(events: list[c.PlannedEvent], reason: str, text: str) 
         events.append(c.normal(reason, text))
     else:
         events[first] = c.normal(events[first].reason, f"{events[first].message}. {text}")
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """The planned status and Events, and the findings to fold into them. The status written is
+    `with_refusals(refused)`'s: the refused writes are known once the applies have run, the rest at planning.
+
+    planned: the status as planned (conditions, pools, autoscaling, routing), before any finding.
+    pool_events: pool_events(previous, planned); other_events: the plan's other Events (autoscaling).
+    found: the findings other than refused writes (pods, builds, claims, children not owned).
+    previous: the status as read; generation: metadata.generation as read.
+    """
+
+    planned: dict
+    pool_events: tuple[c.PlannedEvent, ...]
+    other_events: tuple[c.PlannedEvent, ...]
+    found: tuple[findings.Finding, ...]
+    previous: dict
+    now: datetime
+    generation: int
+
+    def with_refusals(self, refused: Mapping[tuple[str, str, str], str]) -> tuple[dict, list[c.PlannedEvent]]:
+        """refused: (kind, name, pool) -> the API server's message, for each write it refused."""
+        found = [
+            findings.apply_finding(kind, name, message, pool) for (kind, name, pool), message in sorted(refused.items())
+        ]
+        found += self.found
+        if not found:
+            return self.planned, [*self.pool_events, *self.other_events]
+        status = findings.degraded_status(
+            self.planned, found, c.by_type(self.previous.get("conditions")), self.now, self.generation
+        )
+        # The pools' Events, against the status with the findings; the Degraded flip is said by the
+        # findings' own Warnings (one per reason).
+        events = [
+            e for e in pool_events(self.previous, status) if not (e.type == "Warning" and e.reason in findings.ORDER)
+        ]
+        events += self.other_events
+        events += [c.warning(reason, message) for reason, message in findings.grouped(found)]
+        return status, events
