@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -53,18 +52,18 @@ def backend_of(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_group(rank: int, world: int, port: int, device: torch.device) -> None:
+def rendezvous(world: int, port: int | None = None) -> dist.TCPStore:
+    """The store the ranks meet at. Rank 0 (no port) listens on a port the kernel picks and holds it from then on, so
+    no other process can take the port between its choice and its use; the other ranks connect to `port`."""
+    if port is None:
+        return dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=NO_TIMEOUT, wait_for_workers=False)
+    return dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=NO_TIMEOUT)
+
+
+def init_group(rank: int, world: int, store: dist.TCPStore, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend_of(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=NO_TIMEOUT
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    dist.init_process_group(backend_of(device), store=store, rank=rank, world_size=world, timeout=NO_TIMEOUT)
 
 
 def fatal(message: str) -> None:

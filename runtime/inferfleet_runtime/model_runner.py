@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from inferfleet_runtime.layers.linear import pack_linears
 from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +67,13 @@ class ModelRunner:
     def from_model_dir(cls, model_dir: str | Path, config: EngineConfig, model_name: str | None = None) -> ModelRunner:
         """The runner of this process; with tensor_parallel_size > 1 it is rank 0, and starts the other ranks."""
         if config.tensor_parallel_size > 1:
-            from inferfleet_runtime.distributed import Workers, free_port
+            from inferfleet_runtime.distributed import Workers, rendezvous
 
-            port = free_port()
-            workers = Workers(Path(model_dir), config, port)  # they load their parts while this rank loads its own
-            runner = cls.for_rank(Path(model_dir), config, 0, port, model_name)
+            store = rendezvous(config.tensor_parallel_size)
+            workers = Workers(
+                Path(model_dir), config, store.port
+            )  # they load their parts while this rank loads its own
+            runner = cls.for_rank(Path(model_dir), config, 0, store, model_name)
             runner.workers = workers
             return runner
         from inferfleet_runtime.loader import load_model
@@ -83,7 +89,7 @@ class ModelRunner:
 
     @classmethod
     def for_rank(
-        cls, model_dir: Path, config: EngineConfig, rank: int, port: int, model_name: str | None = None
+        cls, model_dir: Path, config: EngineConfig, rank: int, store: TCPStore, model_name: str | None = None
     ) -> ModelRunner:
         """Rank `rank` of config.tensor_parallel_size: joins the process group, then loads its part of the model."""
         from inferfleet_runtime.distributed import init_group, rank_device
@@ -92,7 +98,7 @@ class ModelRunner:
 
         tp = TensorParallel(rank, config.tensor_parallel_size)
         device = rank_device(config.device, rank)
-        init_group(rank, tp.world, port, device)
+        init_group(rank, tp.world, store, device)
         if device.type == "cpu":  # the ranks share this machine's cores
             from inferfleet_runtime.device import cpu_engine_threads
 

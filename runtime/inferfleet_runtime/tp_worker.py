@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .distributed import rendezvous
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 
@@ -33,7 +34,8 @@ def worker_main(spec: dict) -> int:
     logging.basicConfig(level="INFO", format=f"%(asctime)s %(levelname)s rank {rank} %(name)s: %(message)s")
     config = EngineConfig(**spec["config"])
     try:
-        runner = ModelRunner.for_rank(Path(spec["model_dir"]), config, rank, spec["port"])
+        store = rendezvous(config.tensor_parallel_size, spec["port"])
+        runner = ModelRunner.for_rank(Path(spec["model_dir"]), config, rank, store)
         runner.follow()
     except Exception as exc:  # the watching rank 0 reports this exit; the line says why
         log.exception("Tensor-parallel rank %d failed", rank)

@@ -1,12 +1,18 @@
-"""A real uvicorn server on 127.0.0.1 (random free port) in a thread, for the server tests."""
+"""Real servers for the server tests: uvicorn in a thread (running_server), or the `serve` command in its own
+process (serve_process), each on 127.0.0.1 at a free port."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import uvicorn
@@ -61,3 +67,60 @@ def running_server(
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@dataclass
+class ServeProcess:
+    """A `serve` process that answered /ready; `output` (stdout and stderr) and `returncode` once it has ended."""
+
+    proc: subprocess.Popen
+    base_url: str
+    output: str = field(default="", init=False)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+
+@contextmanager
+def serve_process(*args: str, env: dict | None = None, ready_timeout_s: float = 180) -> Iterator[ServeProcess]:
+    """Runs `inferfleet_runtime.cli serve ARGS --host 127.0.0.1 --port P` until /ready answers 200, then yields it;
+    on leaving, SIGINT (SIGKILL after 30 s) unless it has already exited, and its output is read."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "inferfleet_runtime.cli",
+        "serve",
+        *args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen(
+        command, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    served = ServeProcess(proc, f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            assert proc.poll() is None, f"serve exited with {proc.returncode}: {proc.stdout.read()[-3000:]}"
+            try:
+                if httpx.get(f"{served.base_url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "serve did not become ready"
+            time.sleep(0.2)
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        served.output = proc.stdout.read()

@@ -1,13 +1,9 @@
 """`inferfleet-runtime` entry point and `serve`: readable refusals, and a real serve process answering the client."""
 
 import argparse
-import os
-import signal
 import subprocess
 import sys
-import time
 
-import httpx
 import openai
 import pytest
 
@@ -15,7 +11,7 @@ from inferfleet_runtime.cli import main
 from inferfleet_runtime.kernels import native
 from inferfleet_runtime.server import cli as serve_cli
 
-from .server_harness import free_port
+from .server_harness import serve_process
 
 
 def run_cli(*args):
@@ -61,41 +57,8 @@ def test_serve_refuses_bad_flag_values():
 
 @pytest.mark.slow
 def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_dir):
-    port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferfleet_runtime.cli",
-            "serve",
-            "--model",
-            str(demo_model_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--num-kv-blocks",
-            "256",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "serve did not become ready"
-            time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    with serve_process("--model", str(demo_model_dir), "--num-kv-blocks", "256") as served:
+        client = openai.OpenAI(base_url=f"{served.base_url}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["inferfleet-demo"]
         reply = client.chat.completions.create(
             model="inferfleet-demo",
@@ -104,17 +67,10 @@ def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_
             messages=[{"role": "user", "content": "Complete: Beautiful is"}],
         )
         assert reply.choices[0].message.content and reply.usage.completion_tokens <= 8
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0
+    assert served.returncode == 0, served.output[-3000:]
     # The default kernels: the C kernels where they build (this machine has a compiler), said at start-up.
     kernels = "native" if native.library() is not None else "reference"
-    assert f": float32 on cpu, kernels {kernels}, 256 KV blocks of 16 tokens" in proc.stdout.read()
+    assert f": float32 on cpu, kernels {kernels}, 256 KV blocks of 16 tokens" in served.output
 
 
 def parse_serve(*argv):

@@ -8,10 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import torch
@@ -23,7 +21,7 @@ from inferfleet_runtime.models import read_config
 
 from . import test_model_families
 from .paged_greedy import truncate_after_eos
-from .server_harness import free_port
+from .server_harness import serve_process
 from .test_model_families import TINY, prompts_for
 
 HERE = Path(__file__).parent
@@ -179,36 +177,10 @@ def test_tensor_parallel_greedy_matches_transformers(family_checkpoint, name, wo
     assert truncate_after_eos(got, [eos]) == expected
 
 
-def start_server(model_dir: Path, world: int, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    command = [sys.executable, "-m", "inferfleet_runtime.cli", "serve", "--model", str(model_dir), "--host",
-               "127.0.0.1", "--port", str(port), "--num-kv-blocks", "128", "--tensor-parallel-size", str(world)]  # fmt: skip
-    proc = subprocess.Popen(
-        command, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+def serve_ranks(model_dir: Path, world: int, env: dict | None = None):
+    return serve_process(
+        "--model", str(model_dir), "--num-kv-blocks", "128", "--tensor-parallel-size", str(world), env=env
     )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "serve did not become ready"
-        time.sleep(0.2)
-
-
-def stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 def complete(base: str, prompts: list[str]) -> list[str]:
@@ -227,15 +199,11 @@ def test_the_server_answers_the_openai_client_the_same_at_one_and_two_ranks(demo
     prompts = ["Complete: Beautiful is", "Explain: errors should never", "Now is better than"]
     answers = {}
     for world in (1, 2):
-        proc, base = start_server(demo_model_dir, world)
-        try:
-            answers[world] = complete(base, prompts)
-        finally:
-            code = stop(proc)
-        log = proc.stdout.read()
-        assert code == 0, log[-3000:]
+        with serve_ranks(demo_model_dir, world) as served:
+            answers[world] = complete(served.base_url, prompts)
+        assert served.returncode == 0, served.output[-3000:]
         if world == 2:
-            assert "tensor-parallel rank 0 of 2" in log and "tensor-parallel rank 1 of 2" in log
+            assert "tensor-parallel rank 0 of 2" in served.output and "tensor-parallel rank 1 of 2" in served.output
     assert answers[2] == answers[1] and all(answers[1])
 
 
@@ -243,16 +211,28 @@ def test_the_server_answers_the_openai_client_the_same_at_one_and_two_ranks(demo
 def test_a_rank_that_dies_ends_the_server_non_zero_naming_it(demo_model_dir, tmp_path):
     termination_log = tmp_path / "termination-log"
     termination_log.write_text("")
-    proc, base = start_server(demo_model_dir, 2, env={"INFERFLEET_TERMINATION_LOG": str(termination_log)})
-    try:
-        assert complete(base, ["Complete: Beautiful is"])[0]
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    with serve_ranks(demo_model_dir, 2, env={"INFERFLEET_TERMINATION_LOG": str(termination_log)}) as served:
+        assert complete(served.base_url, ["Complete: Beautiful is"])[0]
+        pid = served.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         assert len(children) == 1, children  # the rank 1 worker
         os.kill(int(children[0]), signal.SIGKILL)
-        proc.wait(timeout=30)  # no hang: the server notices and exits
-    finally:
-        stop(proc)
-    log = proc.stdout.read()
-    assert proc.returncode != 0, log[-3000:]
+        served.proc.wait(timeout=30)  # no hang: the server notices and exits
+    assert served.returncode not in (0, None), served.output[-3000:]
     reason = "tensor-parallel rank 1 exited with code -9"
-    assert reason in log and reason in termination_log.read_text()
+    assert reason in served.output and reason in termination_log.read_text()
+
+
+def test_rank_zero_holds_the_rendezvous_port_from_the_moment_it_is_chosen():
+    """No other process can take the port between rank 0 choosing it and the workers connecting (the port used to be
+    picked free, closed, and bound again later)."""
+    import socket
+
+    from inferfleet_runtime.distributed import rendezvous
+
+    store = rendezvous(2)
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("127.0.0.1", store.port))
+    client = rendezvous(2, store.port)
+    client.set("seen", "yes")
+    assert store.get("seen") == b"yes"

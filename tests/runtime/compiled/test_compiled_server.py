@@ -106,55 +106,17 @@ def test_serve_refuses_a_mismatched_engine_with_one_line(compiled_demo_engine, t
 
 
 def test_serve_command_of_the_operators_pods_serves_the_engine(compiled_demo_engine, paged_texts):
-    import subprocess
-    import sys
-    import time
+    from ..server_harness import serve_process
 
-    from ..server_harness import free_port
-
-    port = free_port()
     # The compiled serving pod's command (operator manifests: serve --engine-dir DIR --engine compiled ...).
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferfleet_runtime.cli",
-            "serve",
-            "--engine-dir",
-            str(compiled_demo_engine),
-            "--engine",
-            "compiled",
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--served-model-name",
-            MODEL,
-            "--log-level",
-            "warning",
-        ]
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, "serve exited"
-            assert time.monotonic() < deadline, "serve did not become ready"
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    args = ("--engine-dir", str(compiled_demo_engine), "--engine", "compiled", "--served-model-name", MODEL)
+    with serve_process(*args, "--log-level", "warning", ready_timeout_s=90) as served:
         r = httpx.post(
-            f"{base}/v1/completions",
+            f"{served.base_url}/v1/completions",
             json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0},
             timeout=30,
         )
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == paged_texts[0]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_serve_of_a_lost_engine_exits_3_with_one_line_as_its_termination_message(tmp_path, capsys, monkeypatch):
