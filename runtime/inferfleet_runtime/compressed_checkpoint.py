@@ -1,6 +1,8 @@
 """Reads compressed-tensors checkpoints (config.json's quantization_config, quant_method "compressed-tensors"): with
 int weights their linears become QuantizedLinear layers and their tensors QuantizedLinear's layout; FP8 weights
-(`float-quantized`, float8_e4m3fn times a per-tensor or per-channel scale) are dequantized to the serving dtype.
+(`float-quantized`, float8_e4m3fn times a per-tensor or per-channel scale) stay FP8 in QuantizedLinear layers (one
+scale per row) where the Triton kernels serve the model (`keep_float8`), and are dequantized to the serving dtype
+elsewhere (the CPU's native and reference backends have no FP8 matmul).
 
 Formats read: `pack-quantized` (int4 values + 8, eight to an int32 along the input columns, element i in bits
 4i..4i+3; `weight_zero_point`, when asymmetric, packed the same way along the output rows) and `int-quantized` /
@@ -38,7 +40,7 @@ class IntScheme:
     group_size: int | None  # None: one scale per output channel
     symmetric: bool
     ignore: tuple[str, ...]  # module names left float (e.g. lm_head)
-    is_float: bool = False  # FP8 weights: dequantized at load, the linears stay nn.Linear
+    is_float: bool = False  # FP8 weights: kept (Triton) or dequantized at load (the linears stay nn.Linear)
 
 
 def scheme_of_dir(model_dir: Path) -> IntScheme | None:
@@ -80,11 +82,11 @@ def read_scheme(quantization: dict) -> IntScheme:
     )  # fmt: skip
 
 
-def replace_linears(model: nn.Module, scheme: IntScheme, dtype: torch.dtype) -> int:
+def replace_linears(model: nn.Module, scheme: IntScheme, dtype: torch.dtype, keep_float8: bool = False) -> int:
     """Swaps every nn.Linear not in scheme.ignore for an empty QuantizedLinear (call on the meta device, before
     the weights are loaded). Fused projections (qkv, gate_up) take their parts' rows. FP8 checkpoints keep
-    nn.Linear (their weights are dequantized as they are read)."""
-    if scheme.is_float:
+    nn.Linear unless keep_float8 (their weights are then dequantized as they are read)."""
+    if scheme.is_float and not keep_float8:
         return 0
     targets = [
         (name, m)
@@ -95,7 +97,7 @@ def replace_linears(model: nn.Module, scheme: IntScheme, dtype: torch.dtype) -> 
         group_size = scheme.group_size or linear.in_features
         quantized = QuantizedLinear(
             linear.in_features, linear.out_features, scheme.num_bits, group_size, linear.bias is not None,
-            not scheme.symmetric, dtype, linear.weight.device,
+            not scheme.symmetric, dtype, linear.weight.device, fp8=scheme.is_float,
         )  # fmt: skip
         parent_name, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent_name), leaf, quantized)
@@ -103,18 +105,23 @@ def replace_linears(model: nn.Module, scheme: IntScheme, dtype: torch.dtype) -> 
 
 
 def convert_weights(
-    weights: Iterator[tuple[str, torch.Tensor]], scheme: IntScheme
+    weights: Iterator[tuple[str, torch.Tensor]], scheme: IntScheme, keep_float8: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors with each quantized module's parts turned into `<module>.qweight`, `.scales` and
-    `.zeros` (QuantizedLinear's layout); other tensors pass through."""
+    `.zeros` (QuantizedLinear's layout; FP8 ones into a float `.weight` unless keep_float8); other tensors pass
+    through."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     needed = {"weight_packed" if scheme.format == "pack-quantized" else "weight", "weight_scale"}
     if scheme.format == "pack-quantized":
         needed.add("weight_shape")
     if not scheme.symmetric:
         needed.add("weight_zero_point")
-    if scheme.is_float:
-        log.info("Dequantized the checkpoint's FP8 weights to the serving dtype at load (no FP8 matmul here)")
+    if scheme.is_float and keep_float8:
+        log.info("Kept the checkpoint's FP8 weights in FP8 (the Triton kernel decodes them as it multiplies)")
+    elif scheme.is_float:
+        log.info(
+            "Dequantized the checkpoint's FP8 weights to the serving dtype at load (no FP8 matmul on this backend)"
+        )
     for name, tensor in weights:
         module, _, leaf = name.rpartition(".")
         is_stored_float = leaf == "weight" and tensor.is_floating_point() and tensor.dtype != torch.float8_e4m3fn
@@ -124,15 +131,24 @@ def convert_weights(
         parts = pending.setdefault(module, {})
         parts[leaf] = tensor
         if needed <= parts.keys():
-            yield from _converted(module, pending.pop(module), scheme)
+            yield from _converted(module, pending.pop(module), scheme, keep_float8)
     if pending:
         module, parts = next(iter(pending.items()))
         raise CompressedCheckpointError(f"{module} lacks {', '.join(sorted(needed - parts.keys()))}")
 
 
-def _converted(module: str, parts: dict[str, torch.Tensor], scheme: IntScheme) -> Iterator[tuple[str, torch.Tensor]]:
+def _converted(
+    module: str, parts: dict[str, torch.Tensor], scheme: IntScheme, keep_float8: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
     if scheme.is_float:  # scale: [1] per tensor or [out, 1] per channel
-        yield f"{module}.weight", parts["weight"].float() * parts["weight_scale"].float()
+        weight, scale = parts["weight"], parts["weight_scale"].float()
+        if weight.dtype != torch.float8_e4m3fn:
+            raise CompressedCheckpointError(f"{module}.weight is {weight.dtype}, not the float8_e4m3fn FP8 weights")
+        if keep_float8:  # one scale per row, so a fused projection's parts keep theirs
+            yield f"{module}.qweight", weight
+            yield f"{module}.scales", scale.reshape(-1, 1).expand(weight.shape[0], 1)
+        else:
+            yield f"{module}.weight", weight.float() * scale
         return
     if scheme.format == "pack-quantized":
         out_features, in_features = (int(n) for n in parts["weight_shape"])

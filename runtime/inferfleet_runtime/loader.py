@@ -23,7 +23,7 @@ from .layers.quantized import (
     QuantizedLinear,
     empty_quantized_linears,
     quantize_as_read,
-    quantize_lm_head,
+    quantize_vocabulary,
     quantized_tensors,
 )
 from .models import build_model, read_config_dir
@@ -79,13 +79,15 @@ def load_model(
         tokenizer = Tokenizer.from_dir(model_dir, extra_eos_token_ids=config.eos_token_ids)
         weights = read_safetensors(model_dir)
         scheme = scheme_of_dir(model_dir)  # a compressed-tensors checkpoint's int weights stay quantized
-        if scheme is not None:
-            weights = convert_weights(weights, scheme)
     # Generation stops at any EOS named by config.json, generation_config.json or the tokenizer.
     config = dataclasses.replace(
         config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
     )
     device = pick_device(device)
+    ops = get_ops(kernels, config.dtype, device)
+    keep_float8 = ops.quantized_matmul is not None  # FP8 weights stay FP8 where a kernel multiplies them (Triton)
+    if scheme is not None:
+        weights = convert_weights(weights, scheme, keep_float8)
     model_config = config
     if tensor_parallel is not None and tensor_parallel.world > 1:
         if scheme is not None or quantization != "none":
@@ -93,9 +95,9 @@ def load_model(
         model_config = local_config(config, tensor_parallel.world)
         weights = shard_weights(weights, config, tensor_parallel)
     with torch.device("meta"):
-        model = build_model(model_config, get_ops(kernels, config.dtype, device)).to(config.dtype)
+        model = build_model(model_config, ops).to(config.dtype)
         if scheme is not None:
-            replace_linears(model, scheme, config.dtype)
+            replace_linears(model, scheme, config.dtype, keep_float8)
         elif gguf_file is not None and weights.kept:  # the file's Q8_0 / Q4_0 / Q4_1 linears stay quantized
             replace_gguf_linears(model, weights.kept, config.dtype)
         elif empty_quantized_linears(model, quantization):
@@ -105,7 +107,8 @@ def load_model(
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
     if scheme is None:  # --quantization or a GGUF file's kept blocks; a compressed-tensors checkpoint says itself
-        quantize_lm_head(model)
+        # A GGUF file's embedding stays as the file has it (dequantized): rounding it again moves real answers.
+        quantize_vocabulary(model, with_embedding=quantization != "none")
     for layer in model.modules():  # quantized linears run the backend's kernel where it has one
         if isinstance(layer, QuantizedLinear):
             layer.matmul = model.ops.quantized_matmul

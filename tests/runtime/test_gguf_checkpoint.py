@@ -26,7 +26,7 @@ from inferfleet_runtime.layers.linear import NativeQuantizedLinear, pack_linears
 from inferfleet_runtime.layers.quantized import QuantizedLinear
 from inferfleet_runtime.loader import load_model
 
-from .paged_greedy import greedy_paged, hf_greedy
+from .paged_greedy import check_int8_activation_agreement, greedy_paged, hf_greedy
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF file (the reference)")
@@ -181,15 +181,25 @@ def test_kept_linears_hold_the_files_integers_and_equal_its_dequantized_weights(
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
+@pytest.mark.parametrize("activations", ["float", "int8"])
 @pytest.mark.parametrize("file_type", KEPT)
-def test_kept_linears_give_the_same_greedy_tokens_on_the_native_kernels(gguf_files, file_type):
+def test_kept_linears_give_the_same_greedy_tokens_on_the_native_kernels(gguf_files, file_type, activations,
+                                                                        monkeypatch):  # fmt: skip
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, activations)
     path = gguf_files[True, file_type]
-    expected = greedy_paged(load_model(path, kernels="reference").model, PROMPTS, 12)
+    reference = load_model(path, kernels="reference").model
+    expected = greedy_paged(reference, PROMPTS, 12)
     model = load_model(path, kernels="native").model
     pack_linears(model)
     assert model.native_weights is not None
     assert isinstance(model.layers[0].mlp.gate_up_proj, NativeQuantizedLinear)
-    assert greedy_paged(model, PROMPTS, 12) == expected
+    assert model.layers[0].mlp.gate_up_proj.packed.activations == activations
+    if activations == "float":  # the same products in another order: the same tokens
+        assert greedy_paged(model, PROMPTS, 12) == expected
+        return
+    # int8 activations round: the same tokens but where the reference's top two logits are nearly tied.
+    sequences = [p + out for p, out in zip(PROMPTS, expected)]
+    check_int8_activation_agreement(reference, model, sequences, file_type)
 
 
 @pytest.mark.parametrize("file_type", ["F32", "Q8_0", "Q4_1", "Q4_0"])

@@ -8,10 +8,12 @@ import torch
 from torch import nn
 
 from inferfleet_runtime.layers.quantized import (
+    QuantizedEmbedding,
     QuantizedLinear,
     empty_quantized_linears,
     has_quantized_linears,
     pack_int4,
+    quantize_vocabulary,
     unpack_int4,
 )
 from inferfleet_runtime.loader import load_model
@@ -71,6 +73,69 @@ def test_quantized_model_drops_the_float_weights(demo_model_dir, method, max_rat
     assert has_quantized_linears(model)
     assert not any("_proj.weight" in name for name, _ in model.named_parameters())  # no float copy kept
     assert decoder_linear_bytes(model) <= max_ratio * decoder_linear_bytes(float_model)
+
+
+class TinyLM(nn.Module):
+    def __init__(self, tied: bool):
+        super().__init__()
+        torch.manual_seed(7)
+        self.embed_tokens = nn.Embedding(50, 32)
+        self.proj = QuantizedLinear.from_float(nn.Linear(32, 32), 8)  # a quantized model
+        self.lm_head = nn.Linear(32, 50, bias=False)
+        if tied:
+            self.lm_head.weight = self.embed_tokens.weight
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_vocabulary_is_int8_per_row_and_held_once_when_tied(tied):
+    model = TinyLM(tied)
+    float_rows = model.embed_tokens.weight.detach().clone()
+    float_head = model.lm_head.weight.detach().clone()
+    assert quantize_vocabulary(model) == [
+        "lm_head",
+        "embed_tokens (tied: the lm_head's rows)" if tied else "embed_tokens",
+    ]
+    embedding, head = model.embed_tokens, model.lm_head
+    assert isinstance(embedding, QuantizedEmbedding) and isinstance(head, QuantizedLinear) and head.bits == 8
+    assert (embedding.qweight.data_ptr() == head.qweight.data_ptr()) == tied  # one copy of the integers when tied
+    assert not any(p.dtype.is_floating_point and p.numel() >= 50 * 32 for p in model.parameters())
+    ids = torch.tensor([3, 0, 49, 3])
+    rows = embedding(ids)
+    step = embedding.scales[ids]  # [T, 1]: one scale per row, error at most half of it per element
+    assert ((rows - float_rows[ids]).abs() <= step / 2 * (1 + 1e-5)).all() and (rows != float_rows[ids]).any()
+    torch.testing.assert_close(head.dequantize(), float_head, atol=head.scales.max().item() / 2, rtol=0)
+    assert quantize_vocabulary(model) == []  # already quantized
+
+
+def test_the_embedding_stays_float_when_asked_and_in_float_models():
+    model = TinyLM(tied=True)
+    assert quantize_vocabulary(model, with_embedding=False) == ["lm_head"]
+    assert type(model.embed_tokens) is nn.Embedding
+    float_model = nn.Module()
+    float_model.embed_tokens, float_model.lm_head = nn.Embedding(10, 8), nn.Linear(8, 10)
+    assert quantize_vocabulary(float_model) == [] and type(float_model.embed_tokens) is nn.Embedding
+
+
+def test_native_forward_looks_up_int8_embedding_rows_as_the_module_does(demo_model_dir):
+    from inferfleet_runtime.kernels import native
+
+    if native.library() is None:
+        pytest.skip("the native kernels do not build here")
+    model = load_model(demo_model_dir, kernels="native", quantization="int8").model
+    from inferfleet_runtime.layers.linear import pack_linears
+
+    pack_linears(model)
+    assert isinstance(model.embed_tokens, QuantizedEmbedding) and model.native_weights is not None
+    struct = model.native_weights.struct
+    assert not struct.embed and struct.embed_q == model.embed_tokens.qweight.data_ptr()
+    # The whole-stack forward and the op-by-op one (native kernels layer by layer, the module's lookup) agree.
+    from .paged_greedy import greedy_paged
+
+    prompts = [[1, 5, 9, 200, 3], [1, 42]]
+    whole = greedy_paged(model, prompts, 8, block_size=16, chunk_size=64)
+    weights, model.native_weights = model.native_weights, None
+    assert greedy_paged(model, prompts, 8, block_size=16, chunk_size=64) == whole
+    model.native_weights = weights
 
 
 def test_unknown_method_and_indivisible_width_are_refused():

@@ -33,8 +33,8 @@ OURS, LLAMA = "inferfleet", "llama-server"
 # `serve --quantization` -> the GGUF matrix type llama-server gets for the same weights (bench.gguf_export).
 QUANTIZATION_GGUF = {"none": "F32", "int8": "Q8_0", "int4": "Q4_0"}
 # Environment that changes the servers' speed, printed with their commands: OpenMP's (torch and this llama-server
-# build both load libgomp) and llama.cpp's own.
-SPEED_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "LLAMA_ARG_")
+# build both load libgomp), llama.cpp's own, and the form of our quantized matmuls (kernels/native.py).
+SPEED_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "LLAMA_ARG_", "INFERFLEET_QUANTIZED_ACTIVATIONS")
 
 
 @dataclass

@@ -89,6 +89,8 @@ def record_variants(dtype, head_dims, quick: bool) -> list[Launch]:
         x, scales, bias = z(2, 4096), z(1024, 32), z(1024)
         int8_weight = torch.zeros(1024, 4096, dtype=torch.int8)
         quantized_matmul.quantized_matmul(x, int8_weight, z(1024, 1), None, None, 8, 4096)
+        fp8_weight = torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn)
+        quantized_matmul.quantized_matmul(x, fp8_weight, z(1024, 1), None, None, 8, 4096, bias)
         int4_weight = torch.zeros(1024, 2048, dtype=torch.uint8)
         quantized_matmul.quantized_matmul(x, int4_weight, scales, None, None, 4, 128, bias)
         zeros = torch.zeros(1024, 32, dtype=torch.int8)

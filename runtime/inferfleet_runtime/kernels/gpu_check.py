@@ -23,7 +23,7 @@ import torch
 
 from inferfleet_runtime.config import DTYPES
 
-from . import activation, fused_moe, kv_cache, paged_attention, rms_norm, rotary
+from . import activation, fused_moe, kv_cache, paged_attention, quantized_matmul, rms_norm, rotary
 from ._triton import is_interpreting
 
 TOLERANCES = {
@@ -221,6 +221,39 @@ def moe_cases(shapes: Shapes, dtype, gen, device, num_experts: int = 8, top_k: i
         )
 
 
+def quantized_cases(shapes: Shapes, dtype, gen, device):
+    """Weight-only matmuls at the MLP's up width (intermediate x hidden): int8 per channel, int4 group-wise and FP8
+    per channel, for 1, 16 and num_tokens rows, against the torch reference (float32 dequantization, one matmul)."""
+    s = shapes
+    n, k = s.intermediate, s.hidden
+    group = 128 if k % 128 == 0 else 32
+    element = torch.tensor([], dtype=dtype).element_size()
+    ints = torch.randint(-127, 128, (n, k), generator=gen, device=device, dtype=torch.int32)
+    weights = {  # (weight, scales, bits, group size, bytes read); outputs of order 1
+        "int8": (ints.to(torch.int8), torch.full((n, 1), 1 / (127 * k**0.5), device=device), 8, k, n * k),
+        "int4": (
+            torch.randint(0, 256, (n, k // 2), generator=gen, device=device, dtype=torch.int32).to(torch.uint8),
+            torch.full((n, k // group), 1 / (8 * k**0.5), device=device), 4, group, n * k // 2,
+        ),
+        "fp8": (
+            (ints.float() / 127 * 4).to(torch.float8_e4m3fn), torch.full((n, 1), 0.25 / k**0.5, device=device), 8, k,
+            n * k,
+        ),
+    }  # fmt: skip
+    for num_tokens in sorted({1, 16, s.num_tokens}):
+        x = torch.randn(num_tokens, k, generator=gen, device=device).to(dtype)
+        for name, (weight, scales, bits, group_size, weight_bytes) in weights.items():
+            scales = scales.to(dtype)
+            args = (x, weight, scales, None, None, bits, group_size)
+            yield Case(
+                f"quantized_matmul {name} {num_tokens}x{k} -> {n}",
+                lambda args=args: quantized_matmul.quantized_matmul(*args),
+                lambda args=args: quantized_matmul.quantized_matmul_reference(*args),
+                weight_bytes + scales.numel() * element + (x.numel() + num_tokens * n) * element,
+                2 * num_tokens * n * k,
+            )
+
+
 def sweep_cases(shapes: Shapes, dtype, gen, device, num_sms):
     """Decode tile variants for the long-context cases, to pick the planner's defaults on a GPU."""
     for num_seqs, context in shapes.decode_cases[:2]:
@@ -262,6 +295,7 @@ def timed_cases(shapes: Shapes, dtype, gen, device, sweep: bool, num_sms: int):
     """Built one at a time, so each case's tensors are freed before the next is allocated."""
     yield from elementwise_cases(shapes, dtype, gen, device)
     yield from moe_cases(shapes, dtype, gen, device)
+    yield from quantized_cases(shapes, dtype, gen, device)
     for num_seqs, context in shapes.decode_cases:
         yield decode_case(shapes, num_seqs, context, dtype, gen, device)
     for num_seqs, prefix, new in shapes.prefill_cases:

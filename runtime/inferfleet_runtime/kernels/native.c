@@ -709,9 +709,341 @@ static inline __attribute__((always_inline)) void qlinear_share_bits(const float
     }
 }
 
+/* Int8 activations (inferfleet_qweight.act_block > 0): each row of x is quantized on the fly, per block of
+ * act_block columns (32, 16 or 8, dividing the weight's group), to symmetric int8 (xq = rint(x * 127 / amax),
+ * scale amax / 127), and the weights are multiplied by it in integers, four products summed per 32-bit lane by one
+ * instruction: AVX-512 VNNI's vpdpbusd where the build has it, else AVX-512BW's or AVX2's pmaddubsw + pmaddwd, else
+ * plain C. Per block, per row and output column, the int32 dot product is converted to float once and scaled; so
+ * per weight the work is a quarter of an instruction per row instead of a widening and a float multiply-add.
+ *
+ * Those instructions take one unsigned and one signed byte, so the weight is stored unsigned, u = q + c (c = 128
+ * for 8 bits, 8 for 4 bits; the 4-bit nibbles already hold q + 8), and the block's dot product is corrected by
+ * c * sum(xq), which each row's quantization computes once: sum u xq - c sum xq = sum q xq. Exact in int32 (4 x
+ * 255 x 127 per lane per instruction, at most 32 of them per block). pmaddubsw sums two products into a saturating
+ * int16, safe for nibbles (2 x 15 x 127) but not for 8-bit u (2 x 255 x 127): 8-bit weights with int8 activations
+ * take the plain C kernel on builds without VNNI (native.py picks float activations for them there).
+ *
+ * Layout (native.py pack_quantized with activations="int8"), per panel of NR output columns: 8 bits, [K/4][NR][4]
+ * bytes (the four bytes of a 32-bit lane are one column's four consecutive k); 4 bits, [K/8][NR][4] bytes, the low
+ * nibbles columns 8i..8i+3, the high nibbles 8i+4..8i+7. Scales and offsets as for float activations.
+ *
+ * Per row and group g: out += s[g] * sum_b sx[b] * (dot_b - c * sum_b xq) + o[g] * sum_g x, the offset's sum over
+ * x in float (not rounded). Against float activations, the error is that of rounding x to 8 bits per block
+ * (|x - sx xq| <= sx / 2 per element): see tests/runtime/kernels/test_native_quantized.py for the bound. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define QDOT_ISA 3
+#elif defined(__AVX512BW__)
+#define QDOT_ISA 2
+#elif defined(__AVX2__) && !defined(__AVX512F__)
+#define QDOT_ISA 1
+#else
+#define QDOT_ISA 0
+#endif
+
+int inferfleet_qdot_isa(void) { return QDOT_ISA; }
+
+/* One call's quantized rows of x: xq [M][K], per block sx [M][B] (scale) and cq [M][B] (c * sum xq), and per
+ * group xsum [M][G] (sum x; only for weights with offsets). */
+typedef struct {
+    int8_t *xq;
+    float *sx, *xsum;
+    int32_t *cq;
+    int64_t k, blocks, groups;
+} qdot_rows;
+
+/* Quantizes rows 0..m-1 of x into r (allocated here; free(r->xq) frees it all). Returns 0, -1 out of memory. */
+static int qdot_quantize(const float *x, int64_t x_stride, int64_t m, int64_t k, int64_t gs, int64_t ab, int c,
+                         int with_sums, qdot_rows *r) {
+    const int64_t blocks = k / ab, groups = k / gs;
+    const size_t floats = (size_t)m * (2 * blocks + (with_sums ? groups : 0));
+    char *mem = malloc((size_t)m * k + sizeof(float) * floats + 64);
+    if (!mem) return -1;
+    r->k = k, r->blocks = blocks, r->groups = groups;
+    r->xq = (int8_t *)mem; /* first, so that free(r->xq) frees the lot; the floats after it, 64-byte aligned */
+    r->sx = (float *)(mem + (((size_t)m * k + 63) & ~(size_t)63));
+    r->cq = (int32_t *)(r->sx + m * blocks);
+    r->xsum = with_sums ? (float *)(r->cq + m * blocks) : NULL;
+    for (int64_t i = 0; i < m; i++) {
+        const float *xi = x + i * x_stride;
+        int8_t *qi = r->xq + i * k;
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *xb = xi + b * ab;
+            float amax = 0.0f, nonfinite = 0.0f; /* x * 0 is NaN exactly for a NaN or infinite x */
+            for (int64_t j = 0; j < ab; j++) {
+                amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+                nonfinite += xb[j] * 0.0f;
+            }
+            if (nonfinite != nonfinite) { /* a NaN scale, so the outputs are NaN as the float path's would be */
+                memset(qi + b * ab, 0, (size_t)ab);
+                r->sx[i * blocks + b] = NAN;
+                r->cq[i * blocks + b] = 0;
+                continue;
+            }
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t sum = 0;
+            for (int64_t j = 0; j < ab; j++) {
+                const int32_t v = (int32_t)rintf(xb[j] * inv);
+                qi[b * ab + j] = (int8_t)v;
+                sum += v;
+            }
+            r->sx[i * blocks + b] = amax / 127.0f;
+            r->cq[i * blocks + b] = c * sum;
+        }
+        if (with_sums)
+            for (int64_t g = 0; g < groups; g++) {
+                float s = 0.0f;
+                for (int64_t j = g * gs; j < (g + 1) * gs; j++) s += xi[j];
+                r->xsum[i * groups + g] = s;
+            }
+    }
+    return 0;
+}
+
+/* A 32-bit lane's four bytes of row `row` at column kk, as an int (memcpy: any alignment, no aliasing). */
+static inline int32_t qdot_quad(const qdot_rows *r, int64_t row, int64_t kk) {
+    int32_t v;
+    memcpy(&v, r->xq + row * r->k + kk, sizeof v);
+    return v;
+}
+
+/* The plain C kernel (any build; 8-bit weights on builds without VNNI): acc [mr * np][NR] <- rows row0.. of the
+ * quantized x times np consecutive panels, in the order of the vector kernel below. */
+static void qdot_block_c(const qdot_rows *xr, int64_t row0, const uint8_t *panels, int64_t panel_bytes,
+                         const float *scales, const float *offsets, int64_t gs, int64_t ab, int bits, int mr, int np,
+                         float *acc) {
+    const int64_t k = xr->k, groups = k / gs, per_group = gs / ab;
+    for (int r = 0; r < mr; r++)
+        for (int q = 0; q < np; q++)
+            for (int c = 0; c < LINEAR_NR; c++) {
+                const uint8_t *panel = panels + q * panel_bytes;
+                const int8_t *xq = xr->xq + (row0 + r) * k;
+                float total = 0.0f;
+                for (int64_t g = 0; g < groups; g++) {
+                    float in_group = 0.0f;
+                    for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+                        int32_t dot = -xr->cq[(row0 + r) * xr->blocks + b];
+                        for (int64_t kk = b * ab; kk < (b + 1) * ab; kk++) {
+                            const int64_t i = kk % 4;
+                            const int u = bits == 8 ? panel[((kk / 4) * LINEAR_NR + c) * 4 + i]
+                                                    : (panel[((kk / 8) * LINEAR_NR + c) * 4 + i] >> (kk % 8 & 4)) & 15;
+                            dot += u * xq[kk];
+                        }
+                        in_group += (float)dot * xr->sx[(row0 + r) * xr->blocks + b];
+                    }
+                    const float *s = scales + (q * groups + g) * LINEAR_NR;
+                    total += in_group * s[c];
+                    if (offsets) total += xr->xsum[(row0 + r) * groups + g] * offsets[(q * groups + g) * LINEAR_NR + c];
+                }
+                acc[(r * np + q) * LINEAR_NR + c] = total;
+            }
+}
+
+#if QDOT_ISA > 0
+#if QDOT_ISA >= 2
+typedef __m512i qdot_vec;
+#define QDOT_MR 4 /* rows per microkernel: 3 x 2 vectors per row (int32 block sums, group sums, totals) */
+#define qdot_load(p) _mm512_loadu_si512((const void *)(p))
+#define qdot_set1(v) _mm512_set1_epi32(v)
+#define qdot_nibbles(v) _mm512_and_si512(v, _mm512_set1_epi8(15))
+#define qdot_high_nibbles(v) _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15))
+#define qdot_float(v) ((linear_vec)_mm512_cvtepi32_ps(v))
+#if QDOT_ISA == 3
+#define qdot_dot(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+#else
+#define qdot_dot(acc, u, s) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)))
+#endif
+#else
+typedef __m256i qdot_vec;
+#define QDOT_MR 2 /* 16 registers */
+#define qdot_load(p) _mm256_loadu_si256((const __m256i *)(p))
+#define qdot_set1(v) _mm256_set1_epi32(v)
+#define qdot_nibbles(v) _mm256_and_si256(v, _mm256_set1_epi8(15))
+#define qdot_high_nibbles(v) _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15))
+#define qdot_float(v) ((linear_vec)_mm256_cvtepi32_ps(v))
+#define qdot_dot(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+#define QDOT_GEMV_PANELS 2 /* one-row calls: 2 panels at once (4 independent sums; 4 panels spill registers) */
+
+/* acc [mr * np][NR] <- rows row0..row0+mr-1 of the quantized x times np consecutive panels (mr = 1 or np = 1;
+ * both constant per call site). Vector v of a panel row is lanes v * VW.. of its NR columns. */
+static inline __attribute__((always_inline)) void qdot_block(const qdot_rows *xr, int64_t row0, const uint8_t *panels,
+                                                             int64_t panel_bytes, const float *scales,
+                                                             const float *offsets, int64_t gs, int64_t ab,
+                                                             const int bits, const int mr, const int np, float *acc) {
+    const int64_t k = xr->k, groups = k / gs, per_group = gs / ab, blocks = xr->blocks;
+    linear_vec total[QDOT_MR][QDOT_GEMV_PANELS][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) total[r][q][0] = total[r][q][1] = (linear_vec){0};
+    for (int64_t g = 0; g < groups; g++) {
+        linear_vec in_group[QDOT_MR][QDOT_GEMV_PANELS][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+            for (int q = 0; q < np; q++) in_group[r][q][0] = in_group[r][q][1] = (linear_vec){0};
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            qdot_vec dot[QDOT_MR][QDOT_GEMV_PANELS][2];
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                const qdot_vec start = qdot_set1(-xr->cq[(row0 + r) * blocks + b]);
+#pragma GCC unroll 2
+                for (int q = 0; q < np; q++) dot[r][q][0] = dot[r][q][1] = start;
+            }
+            if (bits == 8) {
+                for (int64_t kk = b * ab; kk < (b + 1) * ab; kk += 4) {
+                    qdot_vec w[QDOT_GEMV_PANELS][2];
+#pragma GCC unroll 2
+                    for (int q = 0; q < np; q++) {
+                        const uint8_t *p = panels + q * panel_bytes + (kk / 4) * LINEAR_NR * 4;
+                        w[q][0] = qdot_load(p);
+                        w[q][1] = qdot_load(p + LINEAR_VW * 4);
+                    }
+#pragma GCC unroll 4
+                    for (int r = 0; r < mr; r++) {
+                        const qdot_vec xv = qdot_set1(qdot_quad(xr, row0 + r, kk));
+#pragma GCC unroll 2
+                        for (int q = 0; q < np; q++) {
+                            dot[r][q][0] = qdot_dot(dot[r][q][0], w[q][0], xv);
+                            dot[r][q][1] = qdot_dot(dot[r][q][1], w[q][1], xv);
+                        }
+                    }
+                }
+            } else {
+                for (int64_t kk = b * ab; kk < (b + 1) * ab; kk += 8) {
+                    qdot_vec lo[QDOT_GEMV_PANELS][2], hi[QDOT_GEMV_PANELS][2];
+#pragma GCC unroll 2
+                    for (int q = 0; q < np; q++) {
+                        const uint8_t *p = panels + q * panel_bytes + (kk / 8) * LINEAR_NR * 4;
+                        for (int v = 0; v < 2; v++) {
+                            const qdot_vec raw = qdot_load(p + v * LINEAR_VW * 4);
+                            lo[q][v] = qdot_nibbles(raw);
+                            hi[q][v] = qdot_high_nibbles(raw);
+                        }
+                    }
+#pragma GCC unroll 4
+                    for (int r = 0; r < mr; r++) {
+                        const qdot_vec xl = qdot_set1(qdot_quad(xr, row0 + r, kk));
+                        const qdot_vec xh = qdot_set1(qdot_quad(xr, row0 + r, kk + 4));
+#pragma GCC unroll 2
+                        for (int q = 0; q < np; q++)
+                            for (int v = 0; v < 2; v++)
+                                dot[r][q][v] = qdot_dot(qdot_dot(dot[r][q][v], lo[q][v], xl), hi[q][v], xh);
+                    }
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                const float sx = xr->sx[(row0 + r) * blocks + b];
+#pragma GCC unroll 2
+                for (int q = 0; q < np; q++)
+                    for (int v = 0; v < 2; v++) in_group[r][q][v] += qdot_float(dot[r][q][v]) * sx;
+            }
+        }
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {
+            const float *s = scales + (q * groups + g) * LINEAR_NR;
+            const float *o = offsets ? offsets + (q * groups + g) * LINEAR_NR : NULL;
+            for (int v = 0; v < 2; v++) {
+                const linear_vec sv = *(const linear_vec_u *)(s + v * LINEAR_VW);
+#pragma GCC unroll 4
+                for (int r = 0; r < mr; r++) total[r][q][v] += in_group[r][q][v] * sv;
+                if (o) {
+                    const linear_vec ov = *(const linear_vec_u *)(o + v * LINEAR_VW);
+#pragma GCC unroll 4
+                    for (int r = 0; r < mr; r++) total[r][q][v] += xr->xsum[(row0 + r) * groups + g] * ov;
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++)
+            for (int v = 0; v < 2; v++)
+                *(linear_vec_u *)(acc + (r * np + q) * LINEAR_NR + v * LINEAR_VW) = total[r][q][v];
+}
+#else
+#define QDOT_MR 4
+#define QDOT_GEMV_PANELS 2
+#endif
+
+/* acc as qdot_block for any mr <= QDOT_MR and np <= QDOT_GEMV_PANELS (one of them 1): a constant per case. */
+static void qdot_any(const qdot_rows *xr, int64_t row0, const uint8_t *panels, int64_t panel_bytes,
+                     const float *scales, const float *offsets, int64_t gs, int64_t ab, int bits, int mr, int np,
+                     float *acc) {
+#if QDOT_ISA > 0
+    if (bits == 4 || QDOT_ISA == 3) {
+#define QDOT_CASE(B, R, P)                                                                                      \
+    if (bits == B && mr == R && np == P) {                                                                      \
+        qdot_block(xr, row0, panels, panel_bytes, scales, offsets, gs, ab, B, R, P, acc);                       \
+        return;                                                                                                 \
+    }
+        QDOT_CASE(4, 1, 1) QDOT_CASE(4, 1, 2) QDOT_CASE(4, 2, 1)
+        QDOT_CASE(8, 1, 1) QDOT_CASE(8, 1, 2) QDOT_CASE(8, 2, 1)
+#if QDOT_MR > 2
+        QDOT_CASE(4, 3, 1) QDOT_CASE(4, 4, 1) QDOT_CASE(8, 3, 1) QDOT_CASE(8, 4, 1)
+#endif
+#undef QDOT_CASE
+    }
+#endif
+    qdot_block_c(xr, row0, panels, panel_bytes, scales, offsets, gs, ab, bits, mr, np, acc);
+}
+
+/* qlinear_share with int8 activations: each thread quantizes the rows itself (no barrier; x is small beside the
+ * weight), then takes its share of the panels as linear_share does. */
+static void qdot_share(const float *x, int64_t x_stride, const inferfleet_qweight *w, const float *bias, float *out,
+                       int64_t m, int64_t n, int64_t k, int accumulate, int tid, int nth) {
+    const int64_t panels = (n + LINEAR_NR - 1) / LINEAR_NR, gs = w->group_size, ab = w->act_block;
+    const int64_t panel_bytes = k * LINEAR_NR * w->bits / 8, panel_floats = (k / gs) * LINEAR_NR;
+    qdot_rows xr;
+    /* A few KiB to a few MiB; without them the process is out of memory (the float path's own scratch falls back
+     * to a slower kernel, this one has none): stop rather than return wrong numbers. */
+    if (qdot_quantize(x, x_stride, m, k, gs, ab, w->bits == 8 ? 128 : 8, w->offsets != NULL, &xr)) abort();
+    float acc[QDOT_MR * QDOT_GEMV_PANELS * LINEAR_NR];
+    int64_t first, last;
+    if (m == 1) {
+        thread_share((panels + QDOT_GEMV_PANELS - 1) / QDOT_GEMV_PANELS, tid, nth, &first, &last);
+        for (int64_t g = first; g < last; g++) {
+            const int64_t p = g * QDOT_GEMV_PANELS;
+            const int np = panels - p < QDOT_GEMV_PANELS ? (int)(panels - p) : QDOT_GEMV_PANELS;
+            qdot_any(&xr, 0, w->data + p * panel_bytes, panel_bytes, w->scales + p * panel_floats,
+                     w->offsets ? w->offsets + p * panel_floats : NULL, gs, ab, (int)w->bits, 1, np, acc);
+            for (int q = 0; q < np; q++)
+                linear_store(out, n, acc + q * LINEAR_NR, 1, (p + q) * LINEAR_NR, bias, accumulate);
+        }
+    } else {
+        thread_share(panels, tid, nth, &first, &last);
+        const int64_t blocks = (m + QDOT_MR - 1) / QDOT_MR, base = m / blocks, extra = m % blocks;
+        for (int64_t j = first; j < last; j++) {
+            int64_t r0 = 0;
+            for (int64_t b = 0; b < blocks; b++) {
+                const int mr = (int)(base + (b < extra));
+                qdot_any(&xr, r0, w->data + j * panel_bytes, panel_bytes, w->scales + j * panel_floats,
+                         w->offsets ? w->offsets + j * panel_floats : NULL, gs, ab, (int)w->bits, mr, 1, acc);
+                linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias, accumulate);
+                r0 += mr;
+            }
+        }
+    }
+    free(xr.xq);
+}
+
+/* xq [M, K] int8 and scales [M, K / block] <- x's rows quantized as the int8-activation matmul does (for tests). */
+void inferfleet_quantize_activations(const float *x, int64_t x_stride, int8_t *xq, float *scales, int64_t m,
+                                     int64_t k, int64_t block) {
+    qdot_rows r;
+    if (qdot_quantize(x, x_stride, m, k, k, block, 0, 0, &r)) abort();
+    memcpy(xq, r.xq, (size_t)(m * k));
+    memcpy(scales, r.sx, sizeof(float) * m * r.blocks);
+    free(r.xq);
+}
+
 static void qlinear_share(const float *x, int64_t x_stride, const inferfleet_qweight *w, const float *bias,
                           float *out, int64_t m, int64_t n, int64_t k, int accumulate, int tid, int nth) {
-    if (w->bits == 8)
+    if (w->act_block > 0)
+        qdot_share(x, x_stride, w, bias, out, m, n, k, accumulate, tid, nth);
+    else if (w->bits == 8)
         qlinear_share_bits(x, x_stride, w, 8, bias, out, m, n, k, accumulate, tid, nth);
     else
         qlinear_share_bits(x, x_stride, w, 4, bias, out, m, n, k, accumulate, tid, nth);
@@ -812,7 +1144,15 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
         float *normed = normed_all + tid * T * H;
         int64_t first, last;
         thread_share(T, tid, nth, &first, &last);
-        for (int64_t t = first; t < last; t++) memcpy(residual + t * H, m->embed + input_ids[t] * H, sizeof(float) * H);
+        for (int64_t t = first; t < last; t++) {
+            if (m->embed_q) {
+                const int8_t *row = m->embed_q + input_ids[t] * H;
+                const float scale = m->embed_scales[input_ids[t]];
+                for (int64_t h = 0; h < H; h++) residual[t * H + h] = (float)row[h] * scale;
+            } else {
+                memcpy(residual + t * H, m->embed + input_ids[t] * H, sizeof(float) * H);
+            }
+        }
         spin_barrier_wait(&barrier, nth);
         for (int64_t l = 0; l < m->num_layers; l++) {
             const inferfleet_layer *w = m->layers + l;

@@ -13,6 +13,8 @@ typedef struct {
     int64_t bits, group_size;
     const uint8_t *data;
     const float *scales, *offsets; /* [panels][G][NR] each; offsets NULL: all 0 (symmetric int8) */
+    int64_t act_block; /* 0: float activations; > 0: activations quantized to int8 per act_block columns, and data
+                        * in the integer dot-product layout (native.c, "Int8 activations") */
 } inferfleet_qweight;
 
 /* One decoder layer for inferfleet_forward; a NULL float pointer is an absent bias or norm. */
@@ -28,7 +30,8 @@ typedef struct {
     int64_t num_layers, hidden, num_q_heads, num_kv_heads, head_dim, intermediate, block_size;
     int64_t vocab_size, max_positions; /* rows of embed and of cos_sin */
     float eps, scale;
-    const float *embed, *final_norm, *cos_sin; /* [V, H], [H], [positions, D] */
+    const float *embed, *final_norm, *cos_sin; /* [V, H] (NULL when embed_q is given), [H], [positions, D] */
+    const int8_t *embed_q; const float *embed_scales; /* or the embedding as int8 rows [V, H] times scales [V] */
     const inferfleet_layer *layers;
 } inferfleet_model;
 
@@ -50,6 +53,9 @@ void inferfleet_linear(const float *x, int64_t x_stride, const float *packed, co
     int64_t n, int64_t k, int num_threads);
 void inferfleet_qlinear(const float *x, int64_t x_stride, const inferfleet_qweight *w, const float *bias, float *out,
     int64_t m, int64_t n, int64_t k, int num_threads);
+int inferfleet_qdot_isa(void);
+void inferfleet_quantize_activations(const float *x, int64_t x_stride, int8_t *xq, float *scales, int64_t m,
+    int64_t k, int64_t block);
 int64_t inferfleet_forward_workspace(const inferfleet_model *m, int64_t num_tokens, int num_threads);
 int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const int64_t *input_ids,
     const int64_t *positions, const int64_t *slots, const int32_t *block_tables, int64_t block_table_stride,

@@ -46,6 +46,8 @@ SIGNATURES = {
     "inferfleet_pack_linear": (None, [_ptr, _i64, _ptr, _i64, _i64]),
     "inferfleet_linear": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
     "inferfleet_qlinear": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]),
+    "inferfleet_qdot_isa": (_int, []),
+    "inferfleet_quantize_activations": (None, [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64]),
     "inferfleet_forward_workspace": (_i64, [_ptr, _i64, _int]),
     "inferfleet_forward": (
         _int,
@@ -264,7 +266,55 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out
 
 
 class _QWeight(ctypes.Structure):
-    _fields_ = [("bits", _i64), ("group_size", _i64), ("data", _ptr), ("scales", _ptr), ("offsets", _ptr)]
+    _fields_ = [
+        ("bits", _i64), ("group_size", _i64), ("data", _ptr), ("scales", _ptr), ("offsets", _ptr), ("act_block", _i64),
+    ]  # fmt: skip
+
+
+# The integer dot product native.c's int8-activation matmul uses on this build (inferfleet_qdot_isa).
+QDOT_ISAS = {0: "plain C", 1: "AVX2", 2: "AVX-512BW", 3: "AVX-512 VNNI"}
+ACTIVATIONS_ENV = "INFERFLEET_QUANTIZED_ACTIVATIONS"  # "int8" or "float": overrides default_activations
+
+
+@functools.cache
+def qdot_isa() -> str:
+    """Which integer dot product the int8-activation matmul runs on here (QDOT_ISAS)."""
+    return QDOT_ISAS[library().inferfleet_qdot_isa()]
+
+
+def activation_block(group_size: int) -> int | None:
+    """Columns per int8 activation scale for a weight of this group size: 32, 16 or 8, the largest that divides the
+    group; None (float activations only) when none does."""
+    return next((b for b in (32, 16, 8) if group_size % b == 0), None)
+
+
+def default_activations(bits: int, group_size: int) -> str:
+    """How a quantized weight's matmul takes its activations, "int8" or "float", unless
+    $INFERFLEET_QUANTIZED_ACTIVATIONS says ("int8" is used only where the group size allows it). int8 activations
+    for 4-bit weights on every SIMD build, for 8-bit weights only with VNNI (pmaddubsw's int16 sums would overflow:
+    native.c runs them in plain C, 20-70x slower); none on builds without SIMD dot products (plain C: the float
+    kernels' vector code is faster)."""
+    if activation_block(group_size) is None:
+        return "float"
+    chosen = os.environ.get(ACTIVATIONS_ENV, "").strip().lower()
+    if chosen in ("int8", "float"):
+        return chosen
+    if chosen:
+        raise ValueError(f"${ACTIVATIONS_ENV} must be int8 or float, not {chosen!r}")
+    isa = qdot_isa()
+    return "int8" if isa == "AVX-512 VNNI" or (bits == 4 and isa != "plain C") else "float"
+
+
+def quantize_activations(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] as the int8-activation matmul quantizes it: (xq int8 [M, K], scales [M, K / block]), per block
+    xq = rint(x * 127 / amax) and scale amax / 127."""
+    _check("x", x, 2)
+    m, k = x.shape
+    if block < 1 or k % block:
+        raise ValueError(f"activation block {block} does not split {k} columns")
+    xq, scales = torch.empty(m, k, dtype=torch.int8), torch.empty(m, k // block)
+    library().inferfleet_quantize_activations(x.data_ptr(), x.stride(0), xq.data_ptr(), scales.data_ptr(), m, k, block)
+    return xq, scales
 
 
 class QuantizedWeight:
@@ -273,22 +323,34 @@ class QuantizedWeight:
     that W[n, k] = u[n, k] * s[n, g] + o[n, g] (offsets None: all 0). Holds the tensors its C descriptor (`struct`)
     points at."""
 
-    def __init__(self, data, scales, offsets, bits: int, group_size: int, out_features: int, in_features: int):
+    def __init__(self, data, scales, offsets, bits: int, group_size: int, out_features: int, in_features: int,
+                 act_block: int = 0):  # fmt: skip
         self.data, self.scales, self.offsets = data, scales, offsets
-        self.bits, self.group_size = bits, group_size
+        self.bits, self.group_size, self.act_block = bits, group_size, act_block
         self.out_features, self.in_features = out_features, in_features
         self.struct = _QWeight(bits, group_size, data.data_ptr(), scales.data_ptr(),
-                               None if offsets is None else offsets.data_ptr())  # fmt: skip
+                               None if offsets is None else offsets.data_ptr(), act_block)  # fmt: skip
+
+    @property
+    def activations(self) -> str:
+        return "int8" if self.act_block else "float"
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.offsets) if t is not None)
 
 
 def pack_quantized(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bits: int,
-                   group_size: int) -> QuantizedWeight:  # fmt: skip
+                   group_size: int, activations: str = "float") -> QuantizedWeight:  # fmt: skip
     """Packs W = q * scales + offsets (q int8 [N, K] in [-128, 127] for 8 bits, [-8, 7] for 4; scales, offsets
-    [N, K / group_size], offsets None for 0) into native.c's quantized panels. ValueError, before anything is
-    built, for a group size that does not split K (or is odd, for 4 bits) or mismatched shapes."""
+    [N, K / group_size], offsets None for 0) into native.c's quantized panels: for float activations (the weights
+    widened to float) or for int8 activations (quantized per `activation_block` columns, integer dot products; see
+    native.c). ValueError, before anything is built, for a group size that does not split K (or is odd, for 4
+    bits; or has no activation block, for int8 activations) or mismatched shapes."""
+    if activations not in ("float", "int8"):
+        raise ValueError(f"activations are float or int8, not {activations!r}")
+    act_block = activation_block(group_size) if activations == "int8" else 0
+    if act_block is None:
+        raise ValueError(f"int8 activations need a group size that is a multiple of 8; got {group_size}")
     if bits not in (4, 8):
         raise ValueError(f"native quantized matmuls take 8 or 4 bit weights, not {bits}")
     if q.dim() != 2 or q.dtype != torch.int8:
@@ -311,17 +373,25 @@ def pack_quantized(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor 
     else:
         u = q.view(torch.uint8)
     pad = panels * nr - n
-    u = torch.nn.functional.pad(u, (0, 0, 0, pad))  # padded rows: weight 0 (scale and offset 0)
-    u = u.view(panels, nr, k).transpose(1, 2)  # [P, K, NR]
-    if bits == 4:
-        u = u[:, 0::2] | (u[:, 1::2] << 4)  # [P, K/2, NR]: row 2i low nibble, 2i+1 high
+    if act_block:  # unsigned, q + 128 (8 bits) or the nibble q + 8 (4 bits): native.c's integer dot products
+        u = (q.to(torch.int16) + 128).to(torch.uint8) if bits == 8 else u
+    u = torch.nn.functional.pad(u, (0, 0, 0, pad))  # padded rows: any weight, with scale and offset 0
+    if act_block and bits == 8:  # [P, K/4, NR, 4]: a 32-bit lane is one column's 4 consecutive k
+        u = u.view(panels, nr, k // 4, 4).permute(0, 2, 1, 3)
+    elif act_block:  # [P, K/8, NR, 4]: k 8i..8i+3 in the low nibbles, 8i+4..8i+7 in the high ones
+        u = u.view(panels, nr, k // 8, 2, 4)
+        u = (u[:, :, :, 0] | (u[:, :, :, 1] << 4)).permute(0, 2, 1, 3)
+    else:
+        u = u.view(panels, nr, k).transpose(1, 2)  # [P, K, NR]
+        if bits == 4:
+            u = u[:, 0::2] | (u[:, 1::2] << 4)  # [P, K/2, NR]: row 2i low nibble, 2i+1 high
     data = u.contiguous().view(-1)
 
     def per_group(t):  # [N, G] -> [P, G, NR]
         return torch.nn.functional.pad(t, (0, 0, 0, pad)).view(panels, nr, groups).transpose(1, 2).contiguous()
 
     return QuantizedWeight(data, per_group(scales), None if offsets is None else per_group(offsets), bits, group_size,
-                           n, k)  # fmt: skip
+                           n, k, act_block)  # fmt: skip
 
 
 def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -370,19 +440,20 @@ class _Model(ctypes.Structure):
         *[(name, _i64) for name in ("num_layers", "hidden", "num_q_heads", "num_kv_heads", "head_dim",
                                     "intermediate", "block_size", "vocab_size", "max_positions")],
         ("eps", _f32), ("scale", _f32), ("embed", _ptr), ("final_norm", _ptr), ("cos_sin", _ptr),
-        ("layers", ctypes.POINTER(_Layer)),
+        ("embed_q", _ptr), ("embed_scales", _ptr), ("layers", ctypes.POINTER(_Layer)),
     ]  # fmt: skip
 
 
 class DecoderWeights:
     """A Llama decoder stack as `forward` reads it: the layers' tensors by the names of LAYER_WEIGHTS (linears
     packed by `pack_linear`, or a QuantizedWeight from `pack_quantized`, each slot its own kind; biases and the q/k
-    norms None when absent), the embedding [V, H], the final norm's weight and the RoPE table [positions, D], and
+    norms None when absent), the embedding [V, H] (float32, or int8 rows with embed_scales [V] float32), the final
+    norm's weight and the RoPE table [positions, D], and
     each layer's sliding window (None: full attention; no windows: all full). Holds every tensor it points C at, so
     none is freed while it lives."""
 
     def __init__(self, *, layers: list[dict], embed, final_norm, cos_sin, num_q_heads, num_kv_heads, head_dim,
-                 intermediate, eps, scale, windows: list[int | None] | None = None):  # fmt: skip
+                 intermediate, eps, scale, windows: list[int | None] | None = None, embed_scales=None):  # fmt: skip
         quantized = [{n: w for n, w in layer.items() if isinstance(w, QuantizedWeight)} for layer in layers]
         layers = [{n: None if n in q else w for n, w in layer.items()} for layer, q in zip(layers, quantized)]
         for q in quantized:
@@ -390,11 +461,17 @@ class DecoderWeights:
                 if name not in LAYER_LINEARS:
                     raise ValueError(f"native forward takes quantized weights only for {LAYER_LINEARS}, not {name}")
         self.quantized = quantized
-        tensors = [embed, final_norm, cos_sin, *(t for layer in layers for t in layer.values() if t is not None)]
-        for i, t in enumerate(tensors):
+        quantized_embed = embed_scales is not None
+        if quantized_embed and (embed.dtype != torch.int8 or embed_scales.numel() != embed.shape[0]):
+            raise ValueError("a quantized embedding is int8 rows [V, H] with one scale per row")
+        # The float tensors C reads (a quantized embedding's float part is its scales).
+        floats = [embed_scales if quantized_embed else embed, final_norm, cos_sin]
+        floats += [t for layer in layers for t in layer.values() if t is not None]
+        for i, t in enumerate(floats):
             _check(f"weight {i}", t.view(-1), 1)
-            if not t.is_contiguous():
-                raise ValueError("native forward needs contiguous weights")
+        tensors = floats + [embed] if quantized_embed else floats
+        if not all(t.is_contiguous() for t in tensors):
+            raise ValueError("native forward needs contiguous weights")
         self.tensors = tensors
         self.hidden, self.kv_row = embed.shape[1], (num_kv_heads, head_dim)
         self.layer_array = (_Layer * len(layers))(
@@ -411,8 +488,10 @@ class DecoderWeights:
             ]
         )
         self.struct = _Model(len(layers), self.hidden, num_q_heads, num_kv_heads, head_dim, intermediate, 0,
-                             embed.shape[0], cos_sin.shape[0], eps, scale, embed.data_ptr(), final_norm.data_ptr(),
-                             cos_sin.data_ptr(), self.layer_array)  # fmt: skip
+                             embed.shape[0], cos_sin.shape[0], eps, scale,
+                             None if quantized_embed else embed.data_ptr(), final_norm.data_ptr(), cos_sin.data_ptr(),
+                             embed.data_ptr() if quantized_embed else None,
+                             embed_scales.data_ptr() if quantized_embed else None, self.layer_array)  # fmt: skip
         self._kv: tuple[list, ctypes.Array] | None = None
 
     def kv_pointers(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ctypes.Array:

@@ -69,8 +69,9 @@ class NativeLinear(nn.Module):
 
 class NativeQuantizedLinear(nn.Module):
     """A QuantizedLinear for the native kernel backend: its integers, scales and zero points (or offsets) packed once
-    into the panels of native.c's quantized matmul, which widens them to float in registers (kernels/native.py
-    `quantized_linear`); the whole-stack native forward reads the same packed weight."""
+    into the panels of native.c's quantized matmul (kernels/native.py `quantized_linear`), for int8 activations
+    (integer dot products) or float ones (the weights widened to float in registers) as
+    native.default_activations picks; the whole-stack native forward reads the same packed weight."""
 
     def __init__(self, layer: QuantizedLinear):
         super().__init__()
@@ -81,7 +82,8 @@ class NativeQuantizedLinear(nn.Module):
             offsets = -layer.zeros.float() * scales
         if layer.offsets is not None:
             offsets = layer.offsets.float() if offsets is None else offsets + layer.offsets.float()
-        self.packed = native.pack_quantized(layer.int_weight(), scales, offsets, layer.bits, layer.group_size)
+        self.packed = native.pack_quantized(layer.int_weight(), scales, offsets, layer.bits, layer.group_size,
+                                            native.default_activations(layer.bits, layer.group_size))  # fmt: skip
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().float().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +92,8 @@ class NativeQuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"in={self.in_features}, out={self.out_features}, bits={self.packed.bits}, group={self.packed.group_size}"
+            f"in={self.in_features}, out={self.out_features}, bits={self.packed.bits}, group={self.packed.group_size}, "
+            f"activations={self.packed.activations}"
         )
 
 

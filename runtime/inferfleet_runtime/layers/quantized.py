@@ -1,5 +1,5 @@
-"""Weight-only quantized linear layers (int8 per output channel, int4 group-wise packed two per byte) with a torch
-reference forward, built empty and filled as a checkpoint is read (quantizing a float one, tensor by tensor).
+"""Weight-only quantized linear layers (int8 per output channel, int4 group-wise packed two per byte, FP8 per
+channel) with a torch reference forward, built empty and filled as a checkpoint is read (quantizing a float one, tensor by tensor).
 
 Math: a weight row r, split into groups of `group_size` input columns, is stored as integers q and one scale s (and
 optionally an integer zero point z) per group: W[r, c] ~ (q[r, c] - z[r, g(c)]) * s[r, g(c)]. Symmetric
@@ -7,15 +7,18 @@ quantization has z = 0 and s = max|W[r, group]| / qmax (qmax 127 for int8, 7 for
 by at most s / 2 and the output y = x W^T by at most sum_c |x[c]| * s[r, g(c)] / 2 (plus float rounding).
 
 Layouts (out rows, `in` columns, G = in / group_size groups per row):
-- qweight: int8 [out, in] for 8 bits; uint8 [out, in / 2] for 4 bits, column 2k in the low nibble and 2k+1 in
+- qweight: int8 [out, in] for 8 bits; float8_e4m3fn [out, in] for FP8 weights (8 bits, q the float each byte
+  encodes, one scale per row: a compressed-tensors FP8 checkpoint served by the Triton kernel); uint8 [out, in / 2]
+  for 4 bits, column 2k in the low nibble and 2k+1 in
   the high one, each nibble holding q + 8 (q in [-8, 7]);
 - scales: [out, G] in the serving dtype; zeros: None (symmetric) or int8 [out, G] in q's range;
 - offsets: None, or [out, G] in the serving dtype added to every weight of the group (GGUF Q4_1's min, which is
   no integer zero point): W[r, c] = (q - z) * s + offset.
 Every tensor is per output row, so a fused projection's row range (q/k/v, gate/up) is a narrow along dim 0.
 
-A quantized model's lm_head is quantized too, to int8 per vocabulary row, once its weights are loaded
-(quantize_lm_head); the embedding stays float.
+A quantized model's lm_head and token embedding are quantized too, to int8 per vocabulary row, once their weights
+are loaded (quantize_vocabulary; a QuantizedEmbedding looks rows up and scales them, and with tied weights it shares
+the lm_head's integers and scales, so the vocabulary is held once).
 
 The forward here dequantizes the whole weight per call into the serving dtype and runs one matmul: the reference,
 reading the weight about three times per call. On the native CPU backend, layers.pack_linears swaps each layer for
@@ -51,17 +54,18 @@ class QuantizedLinear(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         has_offsets: bool = False,
+        fp8: bool = False,
     ):
         super().__init__()
-        if bits not in (4, 8):
-            raise ValueError(f"quantized linears hold 4 or 8 bit weights, not {bits}")
+        if bits not in (4, 8) or (fp8 and (bits != 8 or has_zeros)):
+            raise ValueError(f"quantized linears hold 4 or 8 bit integer or 8 bit FP8 weights, not {bits} bits")
         if in_features % group_size or (bits == 4 and group_size % 2):
             raise ValueError(f"group size {group_size} does not split {in_features} input columns")
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.group_size = bits, group_size
         num_groups = in_features // group_size
         packed_cols = in_features if bits == 8 else in_features // 2
-        qdtype = torch.int8 if bits == 8 else torch.uint8
+        qdtype = torch.float8_e4m3fn if fp8 else torch.int8 if bits == 8 else torch.uint8
         self.register_buffer("qweight", torch.zeros(out_features, packed_cols, dtype=qdtype, device=device))
         self.register_buffer("scales", torch.ones(out_features, num_groups, dtype=dtype, device=device))
         zeros = torch.zeros(out_features, num_groups, dtype=torch.int8, device=device) if has_zeros else None
@@ -88,8 +92,12 @@ class QuantizedLinear(nn.Module):
             layer.bias.copy_(linear.bias.detach())
         return layer
 
+    @property
+    def fp8(self) -> bool:
+        return self.qweight.dtype == torch.float8_e4m3fn
+
     def int_weight(self) -> torch.Tensor:
-        """The integers q: int8 [out, in] (int4 values unpacked into [-8, 7])."""
+        """The integers q: int8 [out, in] (int4 values unpacked into [-8, 7]); FP8 weights: their floats [out, in]."""
         return self.qweight if self.bits == 8 else unpack_int4(self.qweight)
 
     def dequantize(self) -> torch.Tensor:
@@ -109,7 +117,8 @@ class QuantizedLinear(nn.Module):
         return F.linear(x, self.dequantize(), self.bias)  # [T, in] -> [T, out]
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, group_size={self.group_size}"
+        kind = "fp8" if self.fp8 else f"bits={self.bits}"
+        return f"in={self.in_features}, out={self.out_features}, {kind}, group_size={self.group_size}"
 
 
 def quantize_symmetric(weight: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,18 +203,47 @@ def quantize_as_read(layer: QuantizedLinear, weight: torch.Tensor) -> tuple[torc
     return (pack_int4(q) if layer.bits == 4 else q), scales
 
 
+class QuantizedEmbedding(nn.Module):
+    """A token embedding held as int8 rows and one scale per row: E[v] ~ qweight[v] * scales[v]."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = qweight.shape
+        self.register_buffer("qweight", qweight)  # int8 [V, H]
+        self.register_buffer("scales", scales)  # [V, 1] in the serving dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.qweight[input_ids].to(self.scales.dtype) * self.scales[input_ids]  # [T, H]
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 per row"
+
+
 @torch.no_grad()
-def quantize_lm_head(model: nn.Module) -> bool:
-    """A quantized model's float lm_head [vocab, hidden] becomes an int8 QuantizedLinear (one scale per vocabulary
-    row), quantized from its loaded weight (the embedding's, when tied: the embedding itself stays float for the
-    lookups). On a small model it is the largest matrix a decode step reads (SmolLM2-135M: 28M of its 135M
-    weights). Returns whether it was replaced (not for a float model, nor an lm_head that is already quantized)."""
-    head = getattr(model, "lm_head", None)
-    if not has_quantized_linears(model) or type(head) is not nn.Linear:
-        return False
-    model.lm_head = QuantizedLinear.from_float(head, 8)
-    log.info("Quantized lm_head [%d, %d] to int8 per row", head.out_features, head.in_features)
-    return True
+def quantize_vocabulary(model: nn.Module, with_embedding: bool = True) -> list[str]:
+    """A quantized model's float lm_head [vocab, hidden] becomes an int8 QuantizedLinear and (with_embedding) its
+    float token embedding a QuantizedEmbedding, both int8 with one scale per vocabulary row. Tied, they share one set of
+    integers and scales (the same rounding), so the vocabulary matrix is held once. On a small model these are the
+    largest matrices: SmolLM2-135M's is 28M of its 135M weights, and as float32 108 MiB of the int4 model's 199 MiB.
+    Returns what was replaced (nothing for a float model, nor for parts already quantized)."""
+    if not has_quantized_linears(model):
+        return []
+    replaced = []
+    head, embedding = getattr(model, "lm_head", None), getattr(model, "embed_tokens", None) if with_embedding else None
+    tied = type(head) is nn.Linear and type(embedding) is nn.Embedding and head.weight is embedding.weight
+    if type(head) is nn.Linear:
+        model.lm_head = QuantizedLinear.from_float(head, 8)
+        replaced.append("lm_head")
+    if type(embedding) is nn.Embedding:
+        if tied:
+            qweight, scales = model.lm_head.qweight, model.lm_head.scales
+        else:
+            qweight, scales = quantize_symmetric(embedding.weight.detach(), 8, embedding.embedding_dim)
+        model.embed_tokens = QuantizedEmbedding(qweight, scales)
+        replaced.append("embed_tokens (tied: the lm_head's rows)" if tied else "embed_tokens")
+    if replaced:
+        log.info("Quantized %s to int8 per vocabulary row", " and ".join(replaced))
+    return replaced
 
 
 def has_quantized_linears(model: nn.Module) -> bool:

@@ -117,7 +117,7 @@ class GemmaModel(LlamaModel):
         c = self.config
         if c.local_rope_layers:
             self.local_cos_sin_cache = rope_cos_sin_cache(
-                c.head_dim, c.local_rope_theta, None, c.max_position_embeddings, self.embed_tokens.weight.device
+                c.head_dim, c.local_rope_theta, None, c.max_position_embeddings, self.norm.weight.device
             )
 
     def native_forward_gaps(self) -> list[str]:

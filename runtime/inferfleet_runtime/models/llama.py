@@ -16,6 +16,7 @@ from ..layers.attention import Attention
 from ..layers.linear import NativeLinear, NativeQuantizedLinear
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
+from ..layers.quantized import QuantizedEmbedding
 from ..layers.rotary import rope_cos_sin_cache
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class LlamaModel(nn.Module):
         """Builds the RoPE table on the model's device (call after the weights are in place)."""
         c = self.config
         self.cos_sin_cache = rope_cos_sin_cache(
-            c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings, self.embed_tokens.weight.device
+            c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings, self.norm.weight.device
         )
 
     def native_forward_gaps(self) -> list[str]:
@@ -140,8 +141,15 @@ def native_decoder_weights(model: LlamaModel) -> native.DecoderWeights:
     ]
     config = model.config
     return native.DecoderWeights(
-        layers=layers, embed=model.embed_tokens.weight.detach(), final_norm=model.norm.weight.detach(),
+        layers=layers, **embedding_rows(model.embed_tokens), final_norm=model.norm.weight.detach(),
         cos_sin=model.cos_sin_cache, num_q_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim, intermediate=config.intermediate_size, eps=config.rms_norm_eps,
         scale=model.layers[0].self_attn.scale, windows=[config.window_of(i) for i in range(config.num_layers)],
     )  # fmt: skip
+
+
+def embedding_rows(embedding: nn.Module) -> dict:
+    """The native forward's embedding arguments: the float table, or a QuantizedEmbedding's int8 rows and scales."""
+    if isinstance(embedding, QuantizedEmbedding):
+        return {"embed": embedding.qweight, "embed_scales": embedding.scales.view(-1)}
+    return {"embed": embedding.weight.detach()}

@@ -42,6 +42,8 @@ def test_kernels_compile_to_cubin_and_hsaco_including_bf16(tmp_path):
             "_fused_moe_kernel",
             "_quantized_matmul_kernel",
         }, result.stdout
+        # int8, FP8 (bytes decoded in registers: no FP8 hardware needed), int4, int4 with zero points and offsets
+        assert sum(f"ok   {target} bfloat16 quantized_matmul " in line for line in lines) == 4, result.stdout
 
 
 @pytest.mark.slow

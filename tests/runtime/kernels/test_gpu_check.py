@@ -44,6 +44,9 @@ def test_harness_runs_end_to_end_on_tiny_cpu_shapes():
         "rotary",
         "write_kv",
         "fused_experts",
+        "quantized_matmul int8",
+        "quantized_matmul int4",
+        "quantized_matmul fp8",
         "paged decode",
         "paged prefill",
     )

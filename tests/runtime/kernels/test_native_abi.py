@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -131,3 +132,40 @@ def test_native_kernel_tests_pass_under_address_and_undefined_behaviour_sanitize
     output = run.stdout + run.stderr
     assert "AddressSanitizer" not in output and "runtime error:" not in output, output[-6000:]
     assert run.returncode == 0 and " passed" in output, output[-6000:]
+
+
+def cpu_has(*flags: str) -> bool:
+    return set(flags) <= set(native._cpu_flags().split())
+
+
+# Builds of native.c for each integer dot product its int8-activation matmul has: the ISA flags taken away from
+# -march=native, and the CPU flags the build still needs to run here.
+DOT_PRODUCT_BUILDS = [
+    ("AVX-512BW", ["-mno-avx512vnni"], ["avx512bw"]),
+    ("AVX2", ["-mno-avx512f"], ["avx2"]),
+    ("plain C", ["-mno-avx2", "-mno-avx512f"], []),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa,flags,needs", DOT_PRODUCT_BUILDS, ids=[b[0] for b in DOT_PRODUCT_BUILDS])
+def test_int8_activation_tests_pass_on_every_dot_product_path(tmp_path, isa, flags, needs):
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the ISA flags are x86's")
+    if not cpu_has(*needs):
+        pytest.skip(f"this CPU lacks {needs}")
+    library = tmp_path / "native-variant.so"
+    built = subprocess.run([COMPILER, *native.FLAGS, *flags, "-o", str(library), str(native.SOURCE)],
+                           capture_output=True, text=True)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-4000:]
+    path = os.pathsep.join(filter(None, [str(ROOT / "runtime"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "INFERFLEET_NATIVE_LIBRARY": str(library), "PYTHONPATH": path}
+    check = "from inferfleet_runtime.kernels import native; print(native.qdot_isa())"
+    assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == isa  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", str(HERE / "test_native_quantized.py"), "-q", "-x", "-p", "no:cacheprovider",
+         "-k", "int8_activation or many_threads or half_a_byte"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0 and " passed" in run.stdout, (run.stdout + run.stderr)[-6000:]

@@ -13,7 +13,7 @@ from inferfleet_runtime.layers.linear import NativeQuantizedLinear, pack_linears
 from inferfleet_runtime.layers.quantized import QuantizedLinear
 from inferfleet_runtime.loader import load_model
 
-from ..paged_greedy import greedy_paged
+from ..paged_greedy import check_int8_activation_agreement, greedy_paged
 from .test_native import fused_and_op_by_op
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
@@ -51,10 +51,19 @@ def quantized_layer(bits, group_size, in_features, out_features, offset_kind, se
     return layer
 
 
+@pytest.fixture
+def float_activations(monkeypatch):
+    """NativeQuantizedLinear packs for float activations (the widening kernels) whatever the default here."""
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, "float")
+
+
 @pytest.mark.parametrize("bits,group_size,in_features,out_features,offset_kind", LAYERS)
-def test_quantized_matmul_matches_the_dequantizing_reference(bits, group_size, in_features, out_features, offset_kind):
+def test_quantized_matmul_matches_the_dequantizing_reference(
+    bits, group_size, in_features, out_features, offset_kind, float_activations
+):
     layer = quantized_layer(bits, group_size, in_features, out_features, offset_kind, seed=in_features + out_features)
     native_layer = NativeQuantizedLinear(layer)
+    assert native_layer.packed.activations == "float"
     weight = layer.dequantize()
     for rows in ROWS:
         x = torch.randn(rows, in_features)
@@ -66,9 +75,12 @@ def test_quantized_matmul_matches_the_dequantizing_reference(bits, group_size, i
     assert native_layer.packed.bits == bits
 
 
+@pytest.mark.parametrize("activations", ["float", "int8"])
 @pytest.mark.parametrize("bits", [8, 4])
-def test_quantized_matmul_on_many_threads_matches_one(bits):
+def test_quantized_matmul_on_many_threads_matches_one(bits, activations, monkeypatch):
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, activations)
     layer = NativeQuantizedLinear(quantized_layer(bits, 32 if bits == 4 else None, 512, 700, "zeros"))
+    assert layer.packed.activations == activations
     before = torch.get_num_threads()
     for rows in [1, 24]:
         x = torch.randn(rows, 512)
@@ -82,6 +94,114 @@ def test_quantized_matmul_on_many_threads_matches_one(bits):
         assert torch.equal(one, three)  # each output column is one thread's, summed in the same order
 
 
+# Int8 activations: (bits, group size or None, in_features, out_features, kind of offset). Groups of 8, 16, 24
+# (activation blocks of 8), 32, 96 and whole rows; out widths that end inside a panel; K = 8 (one 8-column step).
+INT8_ACTIVATION_LAYERS = [
+    (4, 32, 96, 256, "none"),
+    (4, 128, 512, 70, "zeros"),
+    (4, 32, 256, 3, "offsets"),
+    (4, 8, 8, 33, "zeros"),
+    (4, 24, 72, 65, "offsets"),
+    (4, 16, 48, 100, "none"),
+    (8, None, 96, 250, "none"),
+    (8, 96, 576, 40, "zeros"),
+    (8, 16, 32, 17, "offsets"),
+]
+INT8_ACTIVATION_ROWS = [1, 2, 3, 4, 5, 9, 40]  # one-row calls (one or two panels at a time), every microkernel height
+
+
+def quantize_activations_reference(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What native.c's int8-activation matmul does to each row of x, in torch: per block of columns,
+    xq = round-half-even(x * (127 / amax)) and scale amax / 127 (float32 throughout)."""
+    m, k = x.shape
+    blocks = x.view(m, k // block, block)
+    amax = blocks.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    xq = torch.round(blocks * inv[..., None]).to(torch.int8).view(m, k)
+    return xq, amax / 127
+
+
+def int8_activation_reference(x: torch.Tensor, layer: QuantizedLinear, block: int) -> torch.Tensor:
+    """The int8-activation matmul's math in float64: out = sum_g s[g] * sum_b sx[b] * (xq . q)_b + o[g] * sum_g x
+    (+ bias), with o[g] = offset - zero * s; differs from the kernel by its float32 rounding only."""
+    n, k = layer.out_features, layer.in_features
+    gs = layer.group_size
+    xq, sx = quantize_activations_reference(x, block)
+    q = layer.int_weight().double()  # [N, K]
+    dots = torch.einsum("mbi,nbi->mnb", xq.double().view(-1, k // block, block), q.view(n, k // block, block))
+    in_group = (dots * sx.double()[:, None, :]).view(x.shape[0], n, k // gs, gs // block).sum(-1)  # [M, N, G]
+    scales = layer.scales.double()
+    offsets = torch.zeros_like(scales)
+    if layer.zeros is not None:
+        offsets = offsets - layer.zeros.double() * scales
+    if layer.offsets is not None:
+        offsets = offsets + layer.offsets.double()
+    xsum = x.double().view(x.shape[0], k // gs, gs).sum(-1)  # [M, G]
+    out = (in_group * scales[None]).sum(-1) + xsum @ offsets.T
+    return (out + layer.bias.double()).float()
+
+
+@pytest.mark.parametrize("bits,group_size,in_features,out_features,offset_kind", INT8_ACTIVATION_LAYERS)
+def test_int8_activation_matmul_matches_its_torch_reference_and_the_float_result_within_the_rounding(
+    bits, group_size, in_features, out_features, offset_kind, monkeypatch
+):
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, "int8")
+    layer = quantized_layer(bits, group_size, in_features, out_features, offset_kind, seed=in_features + out_features)
+    native_layer = NativeQuantizedLinear(layer)
+    block = native_layer.packed.act_block
+    assert native_layer.packed.activations == "int8" and layer.group_size % block == 0
+    weight = layer.dequantize()
+    gen = torch.Generator().manual_seed(out_features)
+    for rows in INT8_ACTIVATION_ROWS:
+        x = torch.randn(rows, in_features, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
+        if rows > 1:
+            x[-1, :block] = 0  # an all-zero block: scale 0, no division by it
+        with torch.inference_mode():
+            got = native_layer(x)
+        xq, sx = native.quantize_activations(x, block)
+        ref_xq, ref_sx = quantize_activations_reference(x, block)
+        assert torch.equal(xq, ref_xq) and torch.equal(sx, ref_sx), rows
+        # Against the same math in float64: float32 rounding of the per-block and per-group sums.
+        expected = int8_activation_reference(x, layer, block)
+        magnitude = x.abs() @ weight.abs().T + layer.bias.abs()
+        tolerance = magnitude * in_features * 1.2e-7 + 1e-5
+        assert ((got - expected).abs() <= tolerance).all(), (rows, (got - expected).abs().max())
+        # Against float activations: each x off by at most its block's scale / 2, so the output by at most
+        # sum_k sx[k] / 2 * |W[n, k]| (plus the float rounding above).
+        float_result = layer(x)
+        rounding = (sx.repeat_interleave(block, dim=1) / 2) @ weight.abs().T
+        assert ((got - float_result).abs() <= rounding * 1.0001 + tolerance).all(), (
+            rows,
+            (got - float_result).abs().max(),
+        )
+        assert (got - float_result).abs().max() > 0, "int8 activations round: a zero difference means they did not"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_int8_activations_turn_a_nan_or_infinite_input_into_nan_outputs_of_its_row_only(bad, monkeypatch):
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, "int8")
+    layer = NativeQuantizedLinear(quantized_layer(4, 32, 96, 70, "none"))
+    x = torch.randn(3, 96)
+    x[1, 40] = bad
+    with torch.inference_mode():
+        out = layer(x)
+    assert out[1].isnan().all() and out[[0, 2]].isfinite().all()
+
+
+def test_int8_activations_by_default_for_int4_on_simd_builds_and_for_int8_only_with_vnni(monkeypatch):
+    monkeypatch.delenv(native.ACTIVATIONS_ENV, raising=False)
+    isa = native.qdot_isa()
+    assert native.default_activations(4, 32) == ("float" if isa == "plain C" else "int8")
+    assert native.default_activations(4, 2) == "float"  # no block of 8 divides the group
+    assert native.default_activations(8, 576) == ("int8" if isa == "AVX-512 VNNI" else "float")
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, "float")
+    assert native.default_activations(4, 32) == "float"
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, "int4")
+    with pytest.raises(ValueError, match="must be int8 or float"):
+        native.default_activations(4, 32)
+    assert native.qdot_isa() in native.QDOT_ISAS.values()
+
+
 def test_quantized_packing_refuses_a_group_that_does_not_split_the_row():
     q = torch.zeros(4, 10, dtype=torch.int8)
     with pytest.raises(ValueError, match="group size that divides the 10 input columns"):
@@ -92,15 +212,21 @@ def test_quantized_packing_refuses_a_group_that_does_not_split_the_row():
         native.pack_quantized(q, torch.ones(4, 3), None, 8, 5)
     with pytest.raises(ValueError, match="8 or 4 bit"):
         native.pack_quantized(q, torch.ones(4, 2), None, 2, 5)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        native.pack_quantized(q, torch.ones(4, 2), None, 4, 5, activations="int8")
+    with pytest.raises(ValueError, match="float or int8"):
+        native.pack_quantized(q, torch.ones(4, 2), None, 4, 5, activations="int4")
     packed = native.pack_quantized(q, torch.ones(4, 2), None, 8, 5)
     with pytest.raises(ValueError, match="takes 10"):
         native.quantized_linear(torch.randn(2, 8), packed, None)
 
 
-def test_int4_packs_half_a_byte_per_weight():
+@pytest.mark.parametrize("activations", ["float", "int8"])
+def test_int4_packs_half_a_byte_per_weight(activations, monkeypatch):
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, activations)
     layer = NativeQuantizedLinear(quantized_layer(4, 32, 512, 640, "none"))
     float_layer = nn.Linear(512, 640)
-    assert layer.packed.data.numel() == 640 * 512 // 2
+    assert layer.packed.data.numel() == 640 * 512 // 2 and layer.packed.activations == activations
     assert layer.packed.nbytes() <= 0.16 * float_layer.weight.numel() * 4
 
 
@@ -128,7 +254,9 @@ def test_quantized_one_call_forward_equals_the_op_by_op_native_path(tiny_llama_f
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_quantized_model_on_native_gives_the_reference_backends_greedy_tokens(tiny_llama_factory, method):
+def test_quantized_model_on_native_gives_the_reference_backends_greedy_tokens(
+    tiny_llama_factory, method, float_activations
+):
     model_dir = tiny_llama_factory("native-gqa", num_attention_heads=4, num_key_value_heads=2)
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, 384, (n,), generator=gen).tolist() for n in [1, 3, 8, 13]]
@@ -139,3 +267,19 @@ def test_quantized_model_on_native_gives_the_reference_backends_greedy_tokens(ti
     assert native_model.native_weights is not None
     assert greedy_paged(native_model, prompts, 6, block_size=4, chunk_size=5) == expected
     assert len({tuple(out) for out in expected}) == len(prompts), "degenerate reference outputs prove little"
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_int8_activations_keep_the_reference_backends_greedy_tokens_but_at_near_ties(
+    tiny_llama_factory, method, monkeypatch
+):
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, "int8")
+    model_dir = tiny_llama_factory("native-gqa", num_attention_heads=4, num_key_value_heads=2)
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 384, (n,), generator=gen).tolist() for n in [1, 3, 8, 13]]
+    reference = load_model(model_dir, device="cpu", kernels="reference", quantization=method).model
+    sequences = [p + out for p, out in zip(prompts, greedy_paged(reference, prompts, 6, block_size=4, chunk_size=5))]
+    native_model = load_model(model_dir, device="cpu", kernels="native", quantization=method).model
+    pack_linears(native_model)
+    assert native_model.layers[0].mlp.down_proj.packed.activations == "int8"
+    check_int8_activation_agreement(reference, native_model, sequences, method)
