@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inferfleet_runtime import real_model
-from inferfleet_runtime.bench.gguf_export import write_gguf
+from inferfleet_runtime.bench.gguf_export import write_float_checkpoint, write_gguf
 from inferfleet_runtime.cli import main
 from inferfleet_runtime.gguf_checkpoint import (
     GGUFCheckpoint,
@@ -217,6 +217,27 @@ def test_a_directory_holding_one_gguf_loads_under_the_file_stem(gguf_files):
     loaded = load_model(path.parent, kernels="reference")
     assert loaded.config.name == "tiny.Q8_0"
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("Beautiful is better")) == "Beautiful is better"
+
+
+@pytest.mark.parametrize("is_tied", [False, True])
+def test_a_gguf_written_back_as_a_float_checkpoint_loads_as_the_file_does(gguf_files, is_tied, tmp_path):
+    # bench compare's float32 SmolLM2 is made this way from the Q4_1 file: the same weights, config and tokenizer.
+    path = gguf_files[is_tied, "Q4_1"]
+    out = write_float_checkpoint(path, tmp_path / "f32")
+    from safetensors.torch import load_file
+
+    _, _, weights = load_gguf(path)
+    written = load_file(str(out / "model.safetensors"))
+    assert sorted(written) == sorted(name for name, _ in weights)
+    for name, tensor in weights:
+        torch.testing.assert_close(written[name], tensor, atol=0, rtol=0, msg=name)
+    from_file, from_dir = load_model(path, kernels="reference"), load_model(out, kernels="reference")
+    assert from_dir.config.tie_word_embeddings == is_tied
+    assert from_dir.config.eos_token_ids == from_file.config.eos_token_ids
+    for text in TEXTS:
+        assert from_dir.tokenizer.encode(text) == from_file.tokenizer.encode(text)
+    assert from_dir.tokenizer.chat_template == from_file.tokenizer.chat_template
+    assert greedy_paged(from_dir.model, PROMPTS, 8) == greedy_paged(from_file.model, PROMPTS, 8)
 
 
 @pytest.mark.parametrize("add_bos", [False, True])

@@ -59,13 +59,17 @@ class LevelResult:
         return self.output_tokens / self.seconds if self.seconds else 0.0
 
 
+REAL_MODEL = "smollm2"  # --model value naming the real demo model
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         metavar="DIR",
         default=None,
-        help="Hugging Face Llama checkpoint (default: a random Llama of the issue's shape, hidden "
-        "512, 8 layers, 8/4 heads, vocab 4096, float32, written once into the cache)",
+        help="Hugging Face Llama checkpoint, or `smollm2`: the real demo model's GGUF dequantized once into a "
+        "float32 checkpoint in the cache (default: a random Llama of the issue's shape, hidden 512, 8 layers, "
+        "8/4 heads, vocab 4096, float32, written once into the cache)",
     )
     parser.add_argument(
         "--llama-server",
@@ -114,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
         input_len = parse_range(args.input_len)
     except ValueError as exc:
         return fail(str(exc))
-    model_dir = Path(args.model) if args.model else default_model()
+    if args.model == REAL_MODEL:
+        model_dir = real_float_model()
+    else:
+        model_dir = Path(args.model) if args.model else default_model()
     if not (model_dir / "config.json").is_file():
         return fail(f"{model_dir} is not a checkpoint directory (no config.json)")
     llama = args.llama_server or shutil.which("llama-server")
@@ -173,15 +180,29 @@ def run(args: argparse.Namespace) -> int:
 
 # -- inputs ------------------------------------------------------------------------------------------------------
 def default_model() -> Path:
-    """The issue's random Llama, written once under $INFERFLEET_CACHE/bench-models/ (file lock, atomic rename)."""
+    """The issue's random Llama, written once under $INFERFLEET_CACHE/bench-models/ (atomic rename)."""
     from .random_model import Shape, write_random_llama
 
+    return _cached_model("random-llama-h512-l8-v4096", lambda out: write_random_llama(out, Shape(), seed=0))
+
+
+def real_float_model() -> Path:
+    """The real demo model (SmolLM2-135M-Instruct, a Q4_1 GGUF) dequantized once into a float32 checkpoint under
+    $INFERFLEET_CACHE/bench-models/: llama-server's F32 / Q8_0 / Q4_0 files and this runtime's `--quantization`
+    are then made from the same float32 weights."""
+    from ..real_model import ensure_real_model
+    from .gguf_export import write_float_checkpoint
+
+    return _cached_model("smollm2-135m-instruct-f32", lambda out: write_float_checkpoint(ensure_real_model(), out))
+
+
+def _cached_model(name: str, write) -> Path:
     root = Path(os.environ.get("INFERFLEET_CACHE") or Path.home() / ".cache" / "inferfleet") / "bench-models"
-    out = root / "random-llama-h512-l8-v4096"
+    out = root / name
     if not (out / "config.json").is_file():
         tmp = root / f".tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        write_random_llama(tmp, Shape(), seed=0)
+        write(tmp)
         try:
             tmp.rename(out)
         except OSError:  # another process finished first

@@ -139,3 +139,28 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, qtype: str = "F32") 
     writer.write_tensors_to_file()
     writer.close()
     return out_path
+
+
+def write_float_checkpoint(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """The reverse of write_gguf: a GGUF file's weights dequantized to float32 as a Hugging Face Llama checkpoint
+    (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) in out_dir, so a quantized file such as
+    the real demo model's can be benchmarked as float32 and re-quantized by `serve --quantization`."""
+    from safetensors.torch import save_file
+
+    from inferfleet_runtime.gguf_checkpoint import GGUFCheckpoint, load_gguf
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    config, tokenizer, weights = load_gguf(gguf_path, dtype="float32")
+    hf = GGUFCheckpoint(gguf_path).hf_config() | {"architectures": ["LlamaForCausalLM"], "torch_dtype": "float32"}
+    state = {name: tensor.contiguous() for name, tensor in weights}
+    if hf["tie_word_embeddings"]:
+        state.pop("lm_head.weight", None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=1))
+    tokenizer.backend.save(str(out_dir / "tokenizer.json"))
+    tokenizer_config = {key: value for key, value in tokenizer.special_tokens.items() if value is not None}
+    if tokenizer.chat_template:
+        tokenizer_config["chat_template"] = tokenizer.chat_template
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
+    return out_dir
