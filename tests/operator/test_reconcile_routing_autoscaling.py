@@ -10,6 +10,7 @@ import httpx
 import pytest
 from test_handlers_reconcile import NOW, World, _refuse, _service
 
+from inferfleet_operator.controller import reconcile_routing
 from inferfleet_operator.kube.client import ApiError
 from inferfleet_operator.plan import planner
 
@@ -53,6 +54,31 @@ def test_inference_pool_appears_once_the_crd_is_served_and_is_repaired_after_an_
     world.api.objects[("InferencePool", "team-a", "llama")]["spec"]["targetPorts"] = [{"number": 1234}]
     assert ("PATCH", "InferencePool") in world.reconcile()
     assert world.get("InferencePool", "llama")["spec"]["targetPorts"] == [{"number": 8000}]
+
+
+def _pool_crd(established: bool, served: bool = True) -> dict:
+    return {
+        "metadata": {"name": "inferencepools.inference.networking.k8s.io"},
+        "spec": {"versions": [{"name": "v1alpha2", "served": True}, {"name": "v1", "served": served}]},
+        "status": {"conditions": [{"type": "Established", "status": "True" if established else "False"}]},
+    }
+
+
+def test_the_crd_event_decides_before_discovery_catches_up_and_its_deletion_takes_the_pool_away():
+    world = _routed()
+    world.reconcile()  # discovery: absent, cached
+    assert world.get("InferenceService", "llama")["status"]["routing"]["reason"] == "InferencePoolCRDAbsent"
+    reconcile_routing.observe_pool_crd(world.ctx, _pool_crd(established=False))  # created, not yet established
+    world.reconcile()
+    assert world.get("InferencePool", "llama") is None
+    reconcile_routing.observe_pool_crd(world.ctx, _pool_crd(established=True))  # discovery still lags: says absent
+    _reconcile(world)
+    assert world.get("InferencePool", "llama") is not None, "the established CRD's event is enough"
+    reconcile_routing.observe_pool_crd(world.ctx, _pool_crd(established=True, served=False))
+    world.reconcile()
+    assert world.get("InferenceService", "llama")["status"]["routing"]["reason"] == "InferencePoolCRDAbsent"
+    reconcile_routing.observe_pool_crd(world.ctx, _pool_crd(established=True), is_deleted=True)
+    assert world.ctx.pool_served[1] is False
 
 
 def test_disabling_routing_deletes_the_pool_and_an_operator_without_pools_never_asks():

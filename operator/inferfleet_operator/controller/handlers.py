@@ -34,7 +34,7 @@ from inferfleet_operator.api.names import (
     SERVICE_KIND,
     SERVICE_LABEL,
 )
-from inferfleet_operator.controller import reconcile
+from inferfleet_operator.controller import reconcile, reconcile_routing
 from inferfleet_operator.controller.cache import (
     BUILDS,
     CHILD_INDEXES,
@@ -379,9 +379,11 @@ async def runtime_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) ->
     _enqueue_all_services(memo, service_index)
 
 
-async def pool_crd_event(memo: kopf.Memo, service_index: kopf.Index, **_: Any) -> None:
-    # The GAIE CRD appearing or going: ask discovery again and re-plan every service's routing.
-    memo.ctx.pool_served = None
+async def pool_crd_event(
+    memo: kopf.Memo, service_index: kopf.Index, type: str, body: Mapping[str, Any], **_: Any
+) -> None:
+    # The GAIE CRD appearing, becoming established or going: take what it says and re-plan every service's routing.
+    reconcile_routing.observe_pool_crd(memo.ctx, dict(body), is_deleted=type == "DELETED")
     _enqueue_all_services(memo, service_index)
 
 
