@@ -202,6 +202,19 @@ def test_kept_linears_give_the_same_greedy_tokens_on_the_native_kernels(gguf_fil
     check_int8_activation_agreement(reference, model, sequences, file_type)
 
 
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
+def test_a_files_own_integers_keep_float_activations_and_the_runtimes_own_take_int8(gguf_files, tied_dir, monkeypatch):
+    monkeypatch.delenv(native.ACTIVATIONS_ENV, raising=False)
+    kept = load_model(gguf_files[True, "Q4_0"], kernels="native").model
+    pack_linears(kept)
+    assert kept.layers[0].mlp.gate_up_proj.packed.activations == "float"
+    assert kept.lm_head.packed.activations == "float"  # the file's Q4_0 head
+    requantized = load_model(tied_dir, kernels="native", quantization="int4").model
+    pack_linears(requantized)
+    simd = native.qdot_isa() != "plain C"
+    assert requantized.layers[0].mlp.gate_up_proj.packed.activations == ("int8" if simd else "float")
+
+
 @pytest.mark.parametrize("file_type", ["F32", "Q8_0", "Q4_1", "Q4_0"])
 @pytest.mark.parametrize("is_tied", [False, True])
 def test_greedy_tokens_equal_transformers_on_the_same_file(gguf_files, is_tied, file_type):

@@ -288,12 +288,16 @@ def activation_block(group_size: int) -> int | None:
     return next((b for b in (32, 16, 8) if group_size % b == 0), None)
 
 
-def default_activations(bits: int, group_size: int) -> str:
+def default_activations(bits: int, group_size: int, runtime_quantized: bool = True) -> str:
     """How a quantized weight's matmul takes its activations, "int8" or "float", unless
     $INFERFLEET_QUANTIZED_ACTIVATIONS says ("int8" is used only where the group size allows it). int8 activations
-    for 4-bit weights on every SIMD build, for 8-bit weights only with VNNI (pmaddubsw's int16 sums would overflow:
-    native.c runs them in plain C, 20-70x slower); none on builds without SIMD dot products (plain C: the float
-    kernels' vector code is faster)."""
+    only for weights this runtime quantized itself (runtime_quantized: `--quantization`, an int8 vocabulary); a
+    checkpoint's own integers (GGUF blocks, compressed-tensors) keep float activations and so give transformers'
+    answers on the same file (int8 activations give llama.cpp's: on the real SmolLM2 Q4_1 file both answer the
+    capital question "L'Étoile, ..." off a near tie, where transformers says Paris). Among runtime-quantized: for
+    4-bit ones on every SIMD build, for 8-bit ones only with VNNI (pmaddubsw's int16 sums would overflow: native.c
+    runs them in plain C, 20-70x slower); none on builds without SIMD dot products (plain C: the float kernels'
+    vector code is faster)."""
     if activation_block(group_size) is None:
         return "float"
     chosen = os.environ.get(ACTIVATIONS_ENV, "").strip().lower()
@@ -301,6 +305,8 @@ def default_activations(bits: int, group_size: int) -> str:
         return chosen
     if chosen:
         raise ValueError(f"${ACTIVATIONS_ENV} must be int8 or float, not {chosen!r}")
+    if not runtime_quantized:
+        return "float"
     isa = qdot_isa()
     return "int8" if isa == "AVX-512 VNNI" or (bits == 4 and isa != "plain C") else "float"
 

@@ -83,7 +83,8 @@ class NativeQuantizedLinear(nn.Module):
         if layer.offsets is not None:
             offsets = layer.offsets.float() if offsets is None else offsets + layer.offsets.float()
         self.packed = native.pack_quantized(layer.int_weight(), scales, offsets, layer.bits, layer.group_size,
-                                            native.default_activations(layer.bits, layer.group_size))  # fmt: skip
+                                            native.default_activations(layer.bits, layer.group_size,
+                                                                       layer.runtime_quantized))  # fmt: skip
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().float().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,10 @@ class QuantizedLinear(nn.Module):
         offsets = torch.zeros(out_features, num_groups, dtype=dtype, device=device) if has_offsets else None
         self.register_buffer("offsets", offsets)
         self.matmul = None  # KernelOps.quantized_matmul, set by the loader (None: the dequantizing forward below)
+        # Whether this runtime rounded the integers itself (--quantization, an int8 vocabulary): then the native
+        # backend may also round the activations to int8 by default. A checkpoint's own integers (GGUF blocks,
+        # compressed-tensors W4A16 / W8A16) keep float activations: transformers' answers on the same file.
+        self.runtime_quantized = False
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if has_bias else None)
 
     @classmethod
@@ -88,6 +92,7 @@ class QuantizedLinear(nn.Module):
         q, scales = quantize_symmetric(weight, bits, group_size)
         layer.qweight.copy_(pack_int4(q) if bits == 4 else q)
         layer.scales.copy_(scales)
+        layer.runtime_quantized = True
         if linear.bias is not None:
             layer.bias.copy_(linear.bias.detach())
         return layer
@@ -178,6 +183,7 @@ def empty_quantized_linears(model: nn.Module, method: str) -> int:
             linear.in_features, linear.out_features, bits, group_size, linear.bias is not None,
             dtype=linear.weight.dtype, device=linear.weight.device,
         )  # fmt: skip
+        quantized.runtime_quantized = True
         parent_name, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent_name), leaf, quantized)
     log.info(

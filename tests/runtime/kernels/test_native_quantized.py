@@ -194,6 +194,11 @@ def test_int8_activations_by_default_for_int4_on_simd_builds_and_for_int8_only_w
     assert native.default_activations(4, 32) == ("float" if isa == "plain C" else "int8")
     assert native.default_activations(4, 2) == "float"  # no block of 8 divides the group
     assert native.default_activations(8, 576) == ("int8" if isa == "AVX-512 VNNI" else "float")
+    # A checkpoint's own integers keep float activations unless the user asks for int8.
+    assert native.default_activations(4, 32, runtime_quantized=False) == "float"
+    assert native.default_activations(8, 576, runtime_quantized=False) == "float"
+    monkeypatch.setenv(native.ACTIVATIONS_ENV, "int8")
+    assert native.default_activations(4, 32, runtime_quantized=False) == "int8"
     monkeypatch.setenv(native.ACTIVATIONS_ENV, "float")
     assert native.default_activations(4, 32) == "float"
     monkeypatch.setenv(native.ACTIVATIONS_ENV, "int4")
