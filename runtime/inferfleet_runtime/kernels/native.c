@@ -288,6 +288,7 @@ int inferfleet_paged_attention(const float *query, float *out, const float *key_
 #define LINEAR_NR (2 * LINEAR_VW)
 #define LINEAR_MC 96  /* rows per pass over the weights: their x rows stay in L2 while every panel is applied */
 #define LINEAR_GEMV_PANELS 4 /* one-row calls: 4 panels at once, 8 independent accumulators */
+#define LINEAR_PREFETCH 16   /* panel rows (2 KiB with AVX-512) the multi-row kernel prefetches ahead */
 typedef float linear_vec __attribute__((vector_size(LINEAR_VW * 4)));
 typedef float linear_vec_u __attribute__((vector_size(LINEAR_VW * 4), aligned(4)));
 
@@ -314,6 +315,10 @@ static inline __attribute__((always_inline)) void linear_block(const float *x, i
     for (int64_t kk = 0; kk < k; kk++) {
         const linear_vec w0 = *(const linear_vec_u *)(panel + kk * LINEAR_NR);
         const linear_vec w1 = *(const linear_vec_u *)(panel + kk * LINEAR_NR + LINEAR_VW);
+        /* One panel is one sequential stream, too few for the hardware prefetchers to keep up with a weight read
+         * from memory once per step: ask for the rows LINEAR_PREFETCH ahead (past the end: into the next panel). */
+        __builtin_prefetch(panel + (kk + LINEAR_PREFETCH) * LINEAR_NR);
+        __builtin_prefetch(panel + (kk + LINEAR_PREFETCH) * LINEAR_NR + LINEAR_VW);
 #pragma GCC unroll 12
         for (int r = 0; r < mr; r++) {
             const float b = x[r * x_stride + kk];
