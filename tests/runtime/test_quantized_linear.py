@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from inferfleet_runtime.kernels import native
 from inferfleet_runtime.layers.quantized import (
     QuantizedEmbedding,
     QuantizedLinear,
@@ -116,11 +117,8 @@ def test_the_embedding_stays_float_when_asked_and_in_float_models():
     assert quantize_vocabulary(float_model) == [] and type(float_model.embed_tokens) is nn.Embedding
 
 
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
 def test_native_forward_looks_up_int8_embedding_rows_as_the_module_does(demo_model_dir):
-    from inferfleet_runtime.kernels import native
-
-    if native.library() is None:
-        pytest.skip("the native kernels do not build here")
     model = load_model(demo_model_dir, kernels="native", quantization="int8").model
     from inferfleet_runtime.layers.linear import pack_linears
 

@@ -147,11 +147,11 @@ def write_float_checkpoint(gguf_path: str | Path, out_dir: str | Path) -> Path:
     the real demo model's can be benchmarked as float32 and re-quantized by `serve --quantization`."""
     from safetensors.torch import save_file
 
-    from inferfleet_runtime.gguf_checkpoint import GGUFCheckpoint, load_gguf
+    from inferfleet_runtime.gguf_checkpoint import load_gguf
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    config, tokenizer, weights = load_gguf(gguf_path, dtype="float32")
-    hf = GGUFCheckpoint(gguf_path).hf_config() | {"architectures": ["LlamaForCausalLM"], "torch_dtype": "float32"}
+    _, tokenizer, weights = load_gguf(gguf_path, dtype="float32")
+    hf = weights.checkpoint.hf_config() | {"architectures": ["LlamaForCausalLM"], "torch_dtype": "float32"}
     state = {name: tensor.contiguous() for name, tensor in weights}
     if hf["tie_word_embeddings"]:
         state.pop("lm_head.weight", None)
