@@ -305,31 +305,38 @@ void inferfleet_pack_linear(const float *w, int64_t w_stride, float *packed, int
             }
 }
 
-/* acc [mr][NR] <- x rows 0..mr-1 (x_stride apart) times one panel. Called with a constant mr, so each call site
- * is its own unrolled kernel with the accumulators in registers. */
-static inline __attribute__((always_inline)) void linear_block(const float *x, int64_t x_stride, const float *panel,
-                                                               int64_t k, const int mr, float *acc) {
+/* acc [np][mr][NR] <- x rows 0..mr-1 (x_stride apart) times np panels (panel_stride floats apart), mr * np <=
+ * LINEAR_MR. Called with constant mr and np, so each call site is its own unrolled kernel with the accumulators in
+ * registers. Several panels at once are several sequential streams from memory: one alone is too few for the
+ * hardware prefetchers to keep up with weights read once per step (SmolLM2's lm_head at 8 rows: 14.6 GB/s with
+ * one panel per thread vs 38 with four panels in the one-row kernel), so each stream also asks for its rows
+ * LINEAR_PREFETCH ahead (past the end: into the next panel). */
+static inline __attribute__((always_inline)) void linear_block(const float *x, int64_t x_stride, const float *panels,
+                                                               int64_t panel_stride, int64_t k, const int mr,
+                                                               const int np, float *acc) {
     linear_vec a[LINEAR_MR][2];
 #pragma GCC unroll 12
-    for (int r = 0; r < LINEAR_MR; r++) a[r][0] = a[r][1] = (linear_vec){0};
+    for (int i = 0; i < LINEAR_MR; i++) a[i][0] = a[i][1] = (linear_vec){0};
     for (int64_t kk = 0; kk < k; kk++) {
-        const linear_vec w0 = *(const linear_vec_u *)(panel + kk * LINEAR_NR);
-        const linear_vec w1 = *(const linear_vec_u *)(panel + kk * LINEAR_NR + LINEAR_VW);
-        /* One panel is one sequential stream, too few for the hardware prefetchers to keep up with a weight read
-         * from memory once per step: ask for the rows LINEAR_PREFETCH ahead (past the end: into the next panel). */
-        __builtin_prefetch(panel + (kk + LINEAR_PREFETCH) * LINEAR_NR);
-        __builtin_prefetch(panel + (kk + LINEAR_PREFETCH) * LINEAR_NR + LINEAR_VW);
+#pragma GCC unroll 4
+        for (int q = 0; q < np; q++) {
+            const float *panel = panels + q * panel_stride;
+            const linear_vec w0 = *(const linear_vec_u *)(panel + kk * LINEAR_NR);
+            const linear_vec w1 = *(const linear_vec_u *)(panel + kk * LINEAR_NR + LINEAR_VW);
+            __builtin_prefetch(panel + (kk + LINEAR_PREFETCH) * LINEAR_NR);
+            __builtin_prefetch(panel + (kk + LINEAR_PREFETCH) * LINEAR_NR + LINEAR_VW);
 #pragma GCC unroll 12
-        for (int r = 0; r < mr; r++) {
-            const float b = x[r * x_stride + kk];
-            a[r][0] += b * w0;
-            a[r][1] += b * w1;
+            for (int r = 0; r < mr; r++) {
+                const float b = x[r * x_stride + kk];
+                a[q * mr + r][0] += b * w0;
+                a[q * mr + r][1] += b * w1;
+            }
         }
     }
 #pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        *(linear_vec_u *)(acc + r * LINEAR_NR) = a[r][0];
-        *(linear_vec_u *)(acc + r * LINEAR_NR + LINEAR_VW) = a[r][1];
+    for (int i = 0; i < mr * np; i++) {
+        *(linear_vec_u *)(acc + i * LINEAR_NR) = a[i][0];
+        *(linear_vec_u *)(acc + i * LINEAR_NR + LINEAR_VW) = a[i][1];
     }
 }
 
@@ -373,26 +380,32 @@ static void thread_share(int64_t units, int tid, int nth, int64_t *begin, int64_
     *end = units * (tid + 1) / nth;
 }
 
-/* out rows 0..m-1, panel j's columns <- x rows times one float panel (+ bias; added to out with `accumulate`). */
-static void linear_panel_rows(const float *x, int64_t x_stride, const float *panel, const float *bias, float *out,
-                              int64_t m, int64_t n, int64_t k, int64_t j, int accumulate) {
-    /* The rows in blocks of at most MR, as even as they go (with 6 per block, 8 rows: 4 + 4, not 6 + 2). */
-    const int64_t blocks = (m + LINEAR_MR - 1) / LINEAR_MR, base = m / blocks, extra = m % blocks;
+/* out rows 0..m-1, the columns of np panels from panel j <- x rows times those float panels (+ bias; added to out
+ * with `accumulate`). */
+static void linear_panel_rows(const float *x, int64_t x_stride, const float *panels, int np, const float *bias,
+                              float *out, int64_t m, int64_t n, int64_t k, int64_t j, int accumulate) {
+    /* The rows in blocks of at most MR / np, as even as they go (with 6 per block, 8 rows: 4 + 4, not 6 + 2). */
+    const int64_t blocks = (m + LINEAR_MR / np - 1) / (LINEAR_MR / np), base = m / blocks, extra = m % blocks;
+    const int64_t stride = k * LINEAR_NR;
     float acc[LINEAR_MR * LINEAR_NR];
     int64_t r0 = 0;
     for (int64_t b = 0; b < blocks; b++) {
         const int mr = (int)(base + (b < extra));
         const float *xb = x + r0 * x_stride;
-        switch (mr) {
-#define LINEAR_CASE(rows) \
-    case rows: linear_block(xb, x_stride, panel, k, rows, acc); break;
+        switch (np * 16 + mr) {
+#define LINEAR_CASE(count, rows) \
+    case count * 16 + rows: linear_block(xb, x_stride, panels, stride, k, rows, count, acc); break;
 #if LINEAR_MR > 6
-            LINEAR_CASE(12) LINEAR_CASE(11) LINEAR_CASE(10) LINEAR_CASE(9) LINEAR_CASE(8) LINEAR_CASE(7)
+            LINEAR_CASE(1, 12) LINEAR_CASE(1, 11) LINEAR_CASE(1, 10) LINEAR_CASE(1, 9) LINEAR_CASE(1, 8)
+            LINEAR_CASE(1, 7) LINEAR_CASE(2, 6) LINEAR_CASE(2, 5) LINEAR_CASE(2, 4) LINEAR_CASE(4, 3)
+            LINEAR_CASE(4, 2)
 #endif
-            LINEAR_CASE(6) LINEAR_CASE(5) LINEAR_CASE(4) LINEAR_CASE(3) LINEAR_CASE(2)
-        default: linear_block(xb, x_stride, panel, k, 1, acc); break;
+            LINEAR_CASE(1, 6) LINEAR_CASE(1, 5) LINEAR_CASE(1, 4) LINEAR_CASE(1, 3) LINEAR_CASE(1, 2)
+            LINEAR_CASE(1, 1) LINEAR_CASE(2, 3) LINEAR_CASE(2, 2) LINEAR_CASE(2, 1) LINEAR_CASE(4, 1)
+        default: abort();
         }
-        linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias, accumulate);
+        for (int q = 0; q < np; q++)
+            linear_store(out + r0 * n, n, acc + q * mr * LINEAR_NR, mr, (j + q) * LINEAR_NR, bias, accumulate);
         r0 += mr;
     }
 }
@@ -404,11 +417,10 @@ static void linear_share(const float *x, int64_t x_stride, const float *packed, 
     const int64_t panels = (n + LINEAR_NR - 1) / LINEAR_NR;
     int64_t first, last;
     if (m == 1) {
-        thread_share((panels + LINEAR_GEMV_PANELS - 1) / LINEAR_GEMV_PANELS, tid, nth, &first, &last);
-        for (int64_t g = first; g < last; g++) {
+        thread_share(panels, tid, nth, &first, &last); /* panels, not groups of 4: 18 on 2 threads 9 + 9, not 8 + 10 */
+        for (int64_t p = first; p < last; p += LINEAR_GEMV_PANELS) {
             float acc[LINEAR_GEMV_PANELS * LINEAR_NR];
-            const int64_t p = g * LINEAR_GEMV_PANELS;
-            const int np = panels - p < LINEAR_GEMV_PANELS ? (int)(panels - p) : LINEAR_GEMV_PANELS;
+            const int np = last - p < LINEAR_GEMV_PANELS ? (int)(last - p) : LINEAR_GEMV_PANELS;
             const float *w = packed + p * k * LINEAR_NR;
             switch (np) {
             case 4: linear_row(x, w, k, 4, acc); break;
@@ -422,11 +434,18 @@ static void linear_share(const float *x, int64_t x_stride, const float *packed, 
         return;
     }
     thread_share(panels, tid, nth, &first, &last);
+    /* Panels at once: several streams from memory while a step is bound by reading the weights (a few rows), one
+     * with the most rows per block once the multiply-adds bound it (SmolLM2's matrices on a 2-core Xeon: 4 panels
+     * best at 2 rows, 2 at 4 to 32, 1 from 48 up: docs/performance/2026-12-07-smollm2-on-the-xeon.md). */
+    const int panels_at_once = m <= 3 ? 4 : m <= 32 ? 2 : 1;
     for (int64_t m0 = 0; m0 < m; m0 += LINEAR_MC) {
         const int64_t rows = m - m0 < LINEAR_MC ? m - m0 : LINEAR_MC;
-        for (int64_t j = first; j < last; j++)
-            linear_panel_rows(x + m0 * x_stride, x_stride, packed + j * k * LINEAR_NR, bias, out + m0 * n, rows, n, k,
-                              j, accumulate);
+        for (int64_t j = first; j < last;) {
+            const int np = last - j >= panels_at_once ? panels_at_once : 1;
+            linear_panel_rows(x + m0 * x_stride, x_stride, packed + j * k * LINEAR_NR, np, bias, out + m0 * n, rows,
+                              n, k, j, accumulate);
+            j += np;
+        }
     }
 }
 
@@ -656,11 +675,10 @@ static inline __attribute__((always_inline)) void qlinear_share_bits(const float
     const int64_t panel_bytes = k * LINEAR_NR * bits / 8, panel_floats = groups * LINEAR_NR;
     int64_t first, last;
     if (m == 1) {
-        thread_share((panels + LINEAR_GEMV_PANELS - 1) / LINEAR_GEMV_PANELS, tid, nth, &first, &last);
-        for (int64_t g = first; g < last; g++) {
+        thread_share(panels, tid, nth, &first, &last); /* panels, not groups of 4: 18 on 2 threads 9 + 9, not 8 + 10 */
+        for (int64_t p = first; p < last; p += LINEAR_GEMV_PANELS) {
             float acc[LINEAR_GEMV_PANELS * LINEAR_NR];
-            const int64_t p = g * LINEAR_GEMV_PANELS;
-            const int np = panels - p < LINEAR_GEMV_PANELS ? (int)(panels - p) : LINEAR_GEMV_PANELS;
+            const int np = last - p < LINEAR_GEMV_PANELS ? (int)(last - p) : LINEAR_GEMV_PANELS;
             const uint8_t *d = w->data + p * panel_bytes;
             const float *s = w->scales + p * panel_floats, *o = w->offsets ? w->offsets + p * panel_floats : NULL;
             switch (np) {
@@ -682,7 +700,7 @@ static inline __attribute__((always_inline)) void qlinear_share_bits(const float
         for (int64_t j = first; j < last; j++) {
             dequantize_panel(w->data + j * panel_bytes, w->scales + j * panel_floats,
                              w->offsets ? w->offsets + j * panel_floats : NULL, k, gs, bits, scratch);
-            linear_panel_rows(x, x_stride, scratch, bias, out, m, n, k, j, accumulate);
+            linear_panel_rows(x, x_stride, scratch, 1, bias, out, m, n, k, j, accumulate);
         }
         free(scratch);
         return;

@@ -143,13 +143,13 @@ def test_attention_on_many_threads_matches_one(monkeypatch):
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1), (17, 5), (200, 96), (512, 512), (1376, 512)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_native_linear_equals_nn_linear(shape, bias):
-    """Rows from none to past one pass over the weights (96), every microkernel height, output widths that end
-    inside a panel."""
+    """Rows from none to past one pass over the weights (96), every microkernel height with 4, 2 and 1 panels at
+    once (up to 3 rows, 4 to 32, more), output widths that end inside a panel, odd panel counts per thread."""
     out_features, in_features = shape
     torch.manual_seed(out_features)
     linear = nn.Linear(in_features, out_features, bias=bias)
     native_linear = NativeLinear(linear)
-    for rows in [0, 1, 2, 3, 4, 5, 7, 8, 13, 32, 97, 200]:
+    for rows in [0, 1, 2, 3, 4, 5, 7, 8, 13, 32, 33, 97, 200]:
         x = torch.randn(rows, in_features)
         with torch.inference_mode():
             torch.testing.assert_close(native_linear(x), linear(x), rtol=1e-4, atol=1e-4)
