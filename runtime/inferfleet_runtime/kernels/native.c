@@ -1199,11 +1199,17 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
                 memcpy(value_cache + slots[t] * kv + g * D, row + q + kv + g * D, sizeof(float) * D);
             }
             spin_barrier_wait(&barrier, nth);
-            for (int64_t i = tid; i < T * Hkv; i += nth) { /* in turn: later tokens of a prompt attend to more keys */
-                const int64_t t = i / Hkv, g = i % Hkv, offset = (t * Hq + g * group) * D;
+            /* Units taken in turn (later tokens of a prompt attend to more keys): whole tokens, each reading its
+             * keys' and values' rows whole and in order (a step's cache is read from memory: SmolLM2 decoding 32
+             * sequences 1.9x faster than a unit per kv head, whose reads skip through every row), or, with too few
+             * tokens to keep the threads busy, a kv head of a token each. */
+            const int64_t heads_per_unit = T >= 4 * nth ? Hkv : 1;
+            for (int64_t i = tid; i < T * Hkv / heads_per_unit; i += nth) {
+                const int64_t t = i * heads_per_unit / Hkv, g = i * heads_per_unit % Hkv;
+                const int64_t offset = (t * Hq + g * group) * D;
                 attend_any(q_rot + offset, attn + offset, key_cache + g * D, value_cache + g * D,
                            block_tables + token_seq[t] * block_table_stride, first_key(token_pos[t], w->window),
-                           token_pos[t], group, group, kv, D, m->block_size, m->scale);
+                           token_pos[t], heads_per_unit * group, group, kv, D, m->block_size, m->scale);
             }
             spin_barrier_wait(&barrier, nth);
             any_linear_share(attn, q, w->o, w->o_q, w->o_bias, residual, T, H, q, 1, tid, nth);
