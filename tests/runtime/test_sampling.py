@@ -35,6 +35,14 @@ def test_greedy_takes_the_argmax_per_row():
     assert tokens == logits.argmax(dim=-1).tolist()
 
 
+def test_greedy_takes_the_first_of_tied_maxima():
+    logits = torch.zeros(2, 50_000)
+    logits[0, [7, 40_000]] = 1.0  # a vocabulary past one vectorised chunk: the tie crosses chunks
+    logits[1, [30_000, 9]] = 2.0
+    seqs = [seq_with(SamplingParams(temperature=0)) for _ in range(2)]
+    assert [t for t, _ in Sampler(torch.device("cpu")).sample(logits, seqs)] == [7, 9]
+
+
 def test_top_k_one_is_greedy_even_at_high_temperature():
     logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1))
     assert set(draw(SamplingParams(temperature=2.0, top_k=1), logits, num=30)) == {int(logits.argmax())}
