@@ -142,6 +142,48 @@ void inferfleet_write_kv(const float *key, int64_t key_stride, const float *valu
     }
 }
 
+/* Attention's vectors: as many floats as -march=native's widest registers hold. */
+#ifdef __AVX512F__
+#define ATTN_VW 16
+#else
+#define ATTN_VW 8
+#endif
+#define ATTN_MAX_VECS 16 /* head dims up to 16 vectors (256 floats with AVX-512) keep their sums in registers */
+typedef float attn_vec __attribute__((vector_size(ATTN_VW * 4)));
+typedef float attn_vec_u __attribute__((vector_size(ATTN_VW * 4), aligned(4)));
+
+/* Lane j of the result <- the sum of p[j]'s lanes: ATTN_VW dot products' partial sums reduced together, halves of
+ * pairs added level by level (2 shuffles and 1 add per pair), instead of one horizontal sum per dot product. */
+static inline __attribute__((always_inline)) attn_vec sum_lanes(const attn_vec *p) {
+#if ATTN_VW == 16
+    attn_vec a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) /* lanes 0-7: p[2i]'s halves summed; 8-15: p[2i+1]'s */
+        a[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(p[2 * i], p[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 4; i++) /* 4 lanes each of p[4i .. 4i+3] */
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 2; i++) /* 2 lanes each of p[8i .. 8i+7] */
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+    attn_vec a[4], b[2];
+    for (int i = 0; i < 4; i++) /* lanes 0-3: p[2i]'s halves summed; 4-7: p[2i+1]'s */
+        a[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(p[2 * i], p[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++) /* 2 lanes each of p[4i .. 4i+3] */
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(b[0], b[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(b[0], b[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
 /* One query token's heads 0..num_q_heads-1 (head h reads kv head h / group of rows `row` floats apart; all of a
  * token's heads, or one GQA group with key_cache and value_cache offset to its kv head), over keys first..last of
  * its sequence (first > 0 in a sliding-window layer), a cache block at a time: the block's rows are read in
@@ -156,6 +198,8 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
     /* On the stack: num_q_heads * (head_dim + block_size + 2) floats (Llama-3-70B: 64 * 146, 37 KiB). */
     float acc[num_q_heads][head_dim];
     float scores[num_q_heads][block_size];
+    /* Whole vectors (constants where attend_any inlines it): head dims and blocks in multiples of ATTN_VW. */
+    const int vectors = head_dim % ATTN_VW == 0 && head_dim <= ATTN_MAX_VECS * ATTN_VW && block_size % ATTN_VW == 0;
     float running_max[num_q_heads], running_sum[num_q_heads];
     for (int64_t h = 0; h < num_q_heads; h++) {
         running_max[h] = -INFINITY;
@@ -168,13 +212,30 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
         n = (last - start + 1) < block_size - skip ? (last - start + 1) : block_size - skip;
         const int64_t base = ((int64_t)block_table[start / block_size] * block_size + skip) * row;
         const float *keys = key_cache + base, *values = value_cache + base;
-        for (int64_t j = 0; j < n; j++) {
+        if (vectors) { /* ATTN_VW keys' scores at a time: partial sums per key, then sum_lanes */
             for (int64_t h = 0; h < num_q_heads; h++) {
-                const float *qh = q + h * head_dim, *kj = keys + j * row + (h / group) * head_dim;
-                float s = 0.0f;
+                const float *qh = q + h * head_dim, *kh = keys + (h / group) * head_dim;
+                for (int64_t j0 = 0; j0 < n; j0 += ATTN_VW) {
+                    attn_vec partial[ATTN_VW];
+                    for (int64_t j = 0; j < ATTN_VW; j++) {
+                        attn_vec sum = {0};
+                        if (j0 + j < n)
+                            for (int64_t d = 0; d < head_dim; d += ATTN_VW)
+                                sum += *(const attn_vec_u *)(qh + d) * *(const attn_vec_u *)(kh + (j0 + j) * row + d);
+                        partial[j] = sum;
+                    }
+                    *(attn_vec_u *)(scores[h] + j0) = sum_lanes(partial) * scale;
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                for (int64_t h = 0; h < num_q_heads; h++) {
+                    const float *qh = q + h * head_dim, *kj = keys + j * row + (h / group) * head_dim;
+                    float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < head_dim; d++) s += qh[d] * kj[d];
-                scores[h][j] = s * scale;
+                    for (int64_t d = 0; d < head_dim; d++) s += qh[d] * kj[d];
+                    scores[h][j] = s * scale;
+                }
             }
         }
         for (int64_t h = 0; h < num_q_heads; h++) {
@@ -193,12 +254,26 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
 #pragma omp simd
             for (int64_t d = 0; d < head_dim; d++) acc[h][d] *= correction;
         }
-        for (int64_t j = 0; j < n; j++) {
+        if (vectors) { /* a head at a time, its accumulator in registers over the block's values */
             for (int64_t h = 0; h < num_q_heads; h++) {
-                const float p = scores[h][j], *vj = values + j * row + (h / group) * head_dim;
-                float *a = acc[h];
+                const float *vh = values + (h / group) * head_dim;
+                attn_vec a[ATTN_MAX_VECS];
+                for (int64_t c = 0; c < head_dim / ATTN_VW; c++) a[c] = *(const attn_vec_u *)(acc[h] + c * ATTN_VW);
+                for (int64_t j = 0; j < n; j++) {
+                    const float p = scores[h][j];
+                    for (int64_t c = 0; c < head_dim / ATTN_VW; c++)
+                        a[c] += p * *(const attn_vec_u *)(vh + j * row + c * ATTN_VW);
+                }
+                for (int64_t c = 0; c < head_dim / ATTN_VW; c++) *(attn_vec_u *)(acc[h] + c * ATTN_VW) = a[c];
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                for (int64_t h = 0; h < num_q_heads; h++) {
+                    const float p = scores[h][j], *vj = values + j * row + (h / group) * head_dim;
+                    float *a = acc[h];
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++) a[d] += p * vj[d];
+                    for (int64_t d = 0; d < head_dim; d++) a[d] += p * vj[d];
+                }
             }
         }
     }

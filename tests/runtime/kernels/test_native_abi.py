@@ -147,9 +147,8 @@ DOT_PRODUCT_BUILDS = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("isa,flags,needs", DOT_PRODUCT_BUILDS, ids=[b[0] for b in DOT_PRODUCT_BUILDS])
-def test_int8_activation_tests_pass_on_every_dot_product_path(tmp_path, isa, flags, needs):
+def variant_build(tmp_path, flags: list[str], needs: list[str]) -> dict[str, str]:
+    """native.c built with ISA flags taken away; the environment that makes a Python process load that build."""
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the ISA flags are x86's")
     if not cpu_has(*needs):
@@ -159,13 +158,34 @@ def test_int8_activation_tests_pass_on_every_dot_product_path(tmp_path, isa, fla
                            capture_output=True, text=True)  # fmt: skip
     assert built.returncode == 0, built.stderr[-4000:]
     path = os.pathsep.join(filter(None, [str(ROOT / "runtime"), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "INFERFLEET_NATIVE_LIBRARY": str(library), "PYTHONPATH": path}
-    check = "from inferfleet_runtime.kernels import native; print(native.qdot_isa())"
-    assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip() == isa  # fmt: skip
+    return {**os.environ, "INFERFLEET_NATIVE_LIBRARY": str(library), "PYTHONPATH": path}
+
+
+def run_tests_with(env: dict[str, str], test_file: str, selection: str) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", str(HERE / "test_native_quantized.py"), "-q", "-x", "-p", "no:cacheprovider",
-         "-k", "int8_activation or many_threads or half_a_byte"],
+        [sys.executable, "-m", "pytest", str(HERE / test_file), "-q", "-x", "-p", "no:cacheprovider", "-k", selection],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0 and " passed" in run.stdout, (run.stdout + run.stderr)[-6000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa,flags,needs", DOT_PRODUCT_BUILDS, ids=[b[0] for b in DOT_PRODUCT_BUILDS])
+def test_int8_activation_tests_pass_on_every_dot_product_path(tmp_path, isa, flags, needs):
+    env = variant_build(tmp_path, flags, needs)
+    check = "from inferfleet_runtime.kernels import native; print(native.qdot_isa())"
+    assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == isa  # fmt: skip
+    run_tests_with(env, "test_native_quantized.py", "int8_activation or many_threads or half_a_byte")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa,flags,needs", DOT_PRODUCT_BUILDS[1:], ids=[b[0] for b in DOT_PRODUCT_BUILDS[1:]])
+def test_attention_and_float_matmul_tests_pass_with_8_float_vectors(tmp_path, isa, flags, needs):
+    """Without AVX-512 the vectors hold 8 floats: attention's sum_lanes and the matmul's panels take their
+    narrower forms (plain C: whatever the compiler makes of the same vector code)."""
+    env = variant_build(tmp_path, flags, needs)
+    check = "from inferfleet_runtime.kernels import native; print(native.panel_width())"
+    assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "16"  # fmt: skip
+    run_tests_with(env, "test_native.py", "attention or linear or forward")
