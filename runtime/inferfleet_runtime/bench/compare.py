@@ -124,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
         model_dir = Path(args.model) if args.model else default_model()
     if not (model_dir / "config.json").is_file():
         return fail(f"{model_dir} is not a checkpoint directory (no config.json)")
-    llama = args.llama_server or shutil.which("llama-server")
-    if args.llama_server and not (os.path.isfile(llama) and os.access(llama, os.X_OK)):
+    alone = args.llama_server == "none"
+    llama = None if alone else args.llama_server or shutil.which("llama-server")
+    if args.llama_server and not alone and not (os.path.isfile(llama) and os.access(llama, os.X_OK)):
         return fail(f"--llama-server {llama} is not an executable file")
     serve_args = args.serve_args + ("" if args.quantization == "none" else f" --quantization {args.quantization}")
     specs = [ours_spec(model_dir, serve_args)]
@@ -133,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         gguf = Path(args.gguf) if args.gguf else gguf_for(model_dir, QUANTIZATION_GGUF[args.quantization])
         specs.append(llama_spec(llama, gguf, args))
     else:
-        print("llama-server: not found (not on PATH, no --llama-server): benchmarking inferfleet alone", flush=True)
+        why = "--llama-server none" if alone else "not found (not on PATH, no --llama-server)"
+        print(f"llama-server: {why}: benchmarking inferfleet alone", flush=True)
 
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     results: dict[str, list[list[LevelResult]]] = {spec.name: [] for spec in specs}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import stat
 import sys
 from pathlib import Path
@@ -113,6 +114,20 @@ def test_without_llama_server_it_benchmarks_this_runtime_alone_and_says_so(tiny_
     # ignore_eos: every request produced exactly its 3 tokens at every level
     assert [lvl["output_tokens"] for lvl in result["rounds"]["inferfleet"][0]] == [9, 9]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_llama_server_none_benchmarks_this_runtime_alone_even_with_one_on_path(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
+    trap = tmp_path / "llama-server"
+    trap.write_text("#!/bin/sh\nexit 3\n")  # started, it would fail the run
+    trap.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    code, result, _ = _run_compare(tiny_model, tmp_path, "--llama-server", "none")
+    assert code == 0
+    assert "llama-server: --llama-server none: benchmarking inferfleet alone" in capsys.readouterr().out
+    assert list(result["rounds"]) == ["inferfleet"]
 
 
 @pytest.mark.slow
