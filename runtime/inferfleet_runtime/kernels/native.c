@@ -212,6 +212,16 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
         n = (last - start + 1) < block_size - skip ? (last - start + 1) : block_size - skip;
         const int64_t base = ((int64_t)block_table[start / block_size] * block_size + skip) * row;
         const float *keys = key_cache + base, *values = value_cache + base;
+        if (start + n <= last) { /* the next block's rows asked for while this one is worked on (blocks lie apart) */
+            const int64_t next_rows = last - (start + n) + 1 < block_size ? last - (start + n) + 1 : block_size;
+            const int64_t next = (int64_t)block_table[(start + n) / block_size] * block_size * row;
+            const int64_t used = (num_q_heads / group) * head_dim; /* floats of a row this call reads */
+            for (int64_t j = 0; j < next_rows; j++)
+                for (int64_t f = 0; f < used; f += 64 / sizeof(float)) {
+                    __builtin_prefetch(key_cache + next + j * row + f);
+                    __builtin_prefetch(value_cache + next + j * row + f);
+                }
+        }
         if (vectors) { /* ATTN_VW keys' scores at a time: partial sums per key, then sum_lanes */
             for (int64_t h = 0; h < num_q_heads; h++) {
                 const float *qh = q + h * head_dim, *kh = keys + (h / group) * head_dim;
