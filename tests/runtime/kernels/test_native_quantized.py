@@ -107,7 +107,7 @@ INT8_ACTIVATION_LAYERS = [
     (8, 96, 576, 40, "zeros"),
     (8, 16, 32, 17, "offsets"),
 ]
-INT8_ACTIVATION_ROWS = [1, 2, 3, 4, 5, 9, 40]  # one-row calls (one or two panels at a time), every microkernel height
+INT8_ACTIVATION_ROWS = [1, 2, 3, 4, 5, 9, 16, 17, 40]  # one-row calls, 2 panels x 2 rows up to 16, 1 x 4 beyond
 
 
 def quantize_activations_reference(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +116,9 @@ def quantize_activations_reference(x: torch.Tensor, block: int) -> tuple[torch.T
     m, k = x.shape
     blocks = x.view(m, k // block, block)
     amax = blocks.abs().amax(-1)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    # 127 / amax as one correctly rounded division, as C's 127.0f / amax (a scalar over a tensor is computed
+    # through the reciprocal: one ulp off, and 105.49998 * the scale rounded to 106 instead of 105).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     xq = torch.round(blocks * inv[..., None]).to(torch.int8).view(m, k)
     return xq, amax / 127
 
