@@ -972,7 +972,7 @@ typedef __m256i qdot_vec;
 #endif
 #define QDOT_GEMV_PANELS 2 /* one-row calls: 2 panels at once (4 independent sums; 4 panels spill registers) */
 
-/* acc [mr * np][NR] <- rows row0..row0+mr-1 of the quantized x times np consecutive panels (mr = 1 or np = 1;
+/* acc [mr * np][NR] <- rows row0..row0+mr-1 of the quantized x times np consecutive panels (mr = 1, np = 1 or both 2;
  * both constant per call site). Vector v of a panel row is lanes v * VW.. of its NR columns. */
 static inline __attribute__((always_inline)) void qdot_block(const qdot_rows *xr, int64_t row0, const uint8_t *panels,
                                                              int64_t panel_bytes, const float *scales,
@@ -1076,7 +1076,8 @@ static inline __attribute__((always_inline)) void qdot_block(const qdot_rows *xr
 #define QDOT_GEMV_PANELS 2
 #endif
 
-/* acc as qdot_block for any mr <= QDOT_MR and np <= QDOT_GEMV_PANELS (one of them 1): a constant per case. */
+/* acc as qdot_block for any mr <= QDOT_MR and np <= QDOT_GEMV_PANELS (one of them 1, or both 2 where QDOT_MR is 4):
+ * a constant per case. */
 static void qdot_any(const qdot_rows *xr, int64_t row0, const uint8_t *panels, int64_t panel_bytes,
                      const float *scales, const float *offsets, int64_t gs, int64_t ab, int bits, int mr, int np,
                      float *acc) {
@@ -1091,6 +1092,7 @@ static void qdot_any(const qdot_rows *xr, int64_t row0, const uint8_t *panels, i
         QDOT_CASE(8, 1, 1) QDOT_CASE(8, 1, 2) QDOT_CASE(8, 2, 1)
 #if QDOT_MR > 2
         QDOT_CASE(4, 3, 1) QDOT_CASE(4, 4, 1) QDOT_CASE(8, 3, 1) QDOT_CASE(8, 4, 1)
+        QDOT_CASE(4, 2, 2) QDOT_CASE(8, 2, 2)
 #endif
 #undef QDOT_CASE
     }
@@ -1110,29 +1112,26 @@ static void qdot_share(const float *x, int64_t x_stride, const inferfleet_qweigh
     if (qdot_quantize(x, x_stride, m, k, gs, ab, w->bits == 8 ? 128 : 8, w->offsets != NULL, &xr)) abort();
     float acc[QDOT_MR * QDOT_GEMV_PANELS * LINEAR_NR];
     int64_t first, last;
-    if (m == 1) {
-        thread_share((panels + QDOT_GEMV_PANELS - 1) / QDOT_GEMV_PANELS, tid, nth, &first, &last);
-        for (int64_t g = first; g < last; g++) {
-            const int64_t p = g * QDOT_GEMV_PANELS;
-            const int np = panels - p < QDOT_GEMV_PANELS ? (int)(panels - p) : QDOT_GEMV_PANELS;
-            qdot_any(&xr, 0, w->data + p * panel_bytes, panel_bytes, w->scales + p * panel_floats,
-                     w->offsets ? w->offsets + p * panel_floats : NULL, gs, ab, (int)w->bits, 1, np, acc);
-            for (int q = 0; q < np; q++)
-                linear_store(out, n, acc + q * LINEAR_NR, 1, (p + q) * LINEAR_NR, bias, accumulate);
+    thread_share(panels, tid, nth, &first, &last); /* panels, not groups: even shares, as linear_share */
+    /* Two panels at once (two memory streams, as linear_share) for one row, and for up to 32 where a 2-row block
+     * over 2 panels fits the registers (AVX-512); one panel with the most rows a block beyond. */
+    const int np_most = m == 1 || (QDOT_MR > 2 && m <= 16) ? QDOT_GEMV_PANELS : 1;
+    const int mr_most = np_most > 1 ? QDOT_MR / 2 : QDOT_MR;
+    const int64_t blocks = (m + mr_most - 1) / mr_most, base = m / blocks, extra = m % blocks;
+    for (int64_t j = first; j < last;) {
+        const int np = last - j >= np_most ? np_most : 1;
+        int64_t r0 = 0;
+        for (int64_t b = 0; b < blocks; b++) {
+            const int mr = (int)(base + (b < extra));
+            qdot_any(&xr, r0, w->data + j * panel_bytes, panel_bytes, w->scales + j * panel_floats,
+                     w->offsets ? w->offsets + j * panel_floats : NULL, gs, ab, (int)w->bits, mr, np, acc);
+            for (int r = 0; r < mr; r++)
+                for (int q = 0; q < np; q++)
+                    linear_store(out + (r0 + r) * n, n, acc + (r * np + q) * LINEAR_NR, 1, (j + q) * LINEAR_NR, bias,
+                                 accumulate);
+            r0 += mr;
         }
-    } else {
-        thread_share(panels, tid, nth, &first, &last);
-        const int64_t blocks = (m + QDOT_MR - 1) / QDOT_MR, base = m / blocks, extra = m % blocks;
-        for (int64_t j = first; j < last; j++) {
-            int64_t r0 = 0;
-            for (int64_t b = 0; b < blocks; b++) {
-                const int mr = (int)(base + (b < extra));
-                qdot_any(&xr, r0, w->data + j * panel_bytes, panel_bytes, w->scales + j * panel_floats,
-                         w->offsets ? w->offsets + j * panel_floats : NULL, gs, ab, (int)w->bits, mr, 1, acc);
-                linear_store(out + r0 * n, n, acc, mr, j * LINEAR_NR, bias, accumulate);
-                r0 += mr;
-            }
-        }
+        j += np;
     }
     free(xr.xq);
 }
