@@ -7,6 +7,11 @@ all-gather happen inside it. Backends: NCCL on CUDA (RCCL on ROCm builds of torc
 A rank that exits ends the server: rank 0 watches its workers and exits non-zero naming the rank and its exit
 code (also as the container's termination message); a worker dies with rank 0 (its stdin pipe from rank 0 closes) or when its
 collective loses rank 0. The process group waits without a timeout: an idle server sends no step for hours.
+
+A server that ends normally ends its ranks in order, before the interpreter finalizes: rank 0 broadcasts stop, each
+rank waits until the backend's thread has let go of that broadcast's tensor, the workers leave the group and exit 0,
+then rank 0 leaves it. (The wait matters: gloo's threads drop a collective's tensors just after it completes, and a
+thread that needs the Python lock for that while the interpreter finalizes aborts the whole process.)
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ log = logging.getLogger(__name__)
 PROGRAM = "inferfleet-runtime serve"
 NO_TIMEOUT = timedelta(days=365)
 WATCH_INTERVAL_S = 0.2
+STOP_TIMEOUT_S = 10.0  # for the stop broadcast, then for the workers to exit
+SETTLE_TIMEOUT_S = 2.0
 _STOP, _STEP = 0, 1
 _HEADER = 8  # int64: command, tokens, sequences, block table width, max query len, max seq len, logit rows, unused
 
@@ -81,6 +88,7 @@ class Workers:
     def __init__(self, model_dir: Path, config: EngineConfig, port: int):
         spec = {"model_dir": str(model_dir), "config": dataclasses.asdict(config), "port": port}
         self.stopping = False
+        self.device: torch.device | None = None  # rank 0's, once its group is up and its part loaded (ready())
         self.processes = {
             rank: subprocess.Popen(
                 [sys.executable, "-m", "inferfleet_runtime.tp_worker", json.dumps({**spec, "rank": rank})],
@@ -100,11 +108,40 @@ class Workers:
                     fatal(f"tensor-parallel rank {rank} exited with code {code}; the server cannot go on without it")
             time.sleep(WATCH_INTERVAL_S)
 
+    def ready(self, device: torch.device) -> None:
+        """Rank 0 is in the group with its part loaded: from now on stop() ends the ranks in order."""
+        self.device = device
+
     def stop(self) -> None:
+        """Ends the workers: in order (stop broadcast, workers exit, rank 0 leaves the group) when every rank is up
+        and answers within STOP_TIMEOUT_S, else by killing them (a rank that died or hangs cannot take part)."""
+        if self.stopping:
+            return
         self.stopping = True
+        in_order = self.device is not None and all(p.poll() is None for p in self.processes.values())
+        if in_order:
+            in_order = _within(STOP_TIMEOUT_S, send_stop, self.device)
+        deadline = time.monotonic() + (STOP_TIMEOUT_S if in_order else 0.0)
         for process in self.processes.values():
-            if process.poll() is None:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 process.kill()
+                in_order = False
+        if in_order:  # nobody is left in a collective: leaving cannot wait on a peer
+            dist.destroy_process_group()
+
+
+def _within(seconds: float, call, *args) -> bool:
+    """Whether call(*args) returned within `seconds` (it runs on a daemon thread, left behind if it does not)."""
+    done = threading.Event()
+
+    def run() -> None:
+        call(*args)
+        done.set()
+
+    threading.Thread(target=run, name="inferfleet-tp-stop", daemon=True).start()
+    return done.wait(seconds)
 
 
 def send_step(
@@ -129,7 +166,20 @@ def send_step(
 
 
 def send_stop(device: torch.device) -> None:
-    dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER - 1), dtype=torch.int64, device=device), src=0)
+    header = torch.tensor([_STOP] + [0] * (_HEADER - 1), dtype=torch.int64, device=device)
+    dist.broadcast(header, src=0)
+    settle(header)
+
+
+def settle(tensor: torch.Tensor, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
+    """Waits (GIL released, at most timeout_s) until the only reference to the tensor of a completed collective is
+    the caller's, i.e. the backend's thread has dropped its own; whether it has."""
+    deadline = time.monotonic() + timeout_s
+    while tensor._use_count() > 1:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def receive_step(device: torch.device):
@@ -138,6 +188,7 @@ def receive_step(device: torch.device):
     dist.broadcast(header, src=0)
     command, tokens, batch, width, max_query_len, max_seq_len, rows, _ = header.tolist()
     if command == _STOP:
+        settle(header)  # the last collective of this rank: its process may end next
         return None
     payload = torch.empty(3 * tokens + batch * width + 2 * batch + 1 + rows, dtype=torch.int64, device=device)
     dist.broadcast(payload, src=0)

@@ -75,6 +75,7 @@ class ModelRunner:
             )  # they load their parts while this rank loads its own
             runner = cls.for_rank(Path(model_dir), config, 0, store, model_name)
             runner.workers = workers
+            workers.ready(runner.device)
             return runner
         from inferfleet_runtime.loader import load_model
 

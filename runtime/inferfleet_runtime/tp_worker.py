@@ -9,6 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
+import torch.distributed
+
 from .distributed import rendezvous
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
@@ -21,7 +23,8 @@ def _die_with_parent() -> None:
     would fire when the starting *thread* exits, and rank 0 starts workers from a loading thread.)"""
 
     def wait_for_eof() -> None:
-        sys.stdin.buffer.read()
+        while os.read(0, 4096):  # the raw descriptor: a daemon thread inside sys.stdin's buffer would hold its lock,
+            pass  # and an interpreter that finalizes (the worker told to stop) aborts on that lock
         os._exit(1)
 
     threading.Thread(target=wait_for_eof, name="inferfleet-tp-parent", daemon=True).start()
@@ -37,6 +40,7 @@ def worker_main(spec: dict) -> int:
         store = rendezvous(config.tensor_parallel_size, spec["port"])
         runner = ModelRunner.for_rank(Path(spec["model_dir"]), config, rank, store)
         runner.follow()
+        torch.distributed.destroy_process_group()  # rank 0 said stop: leave the group before the interpreter ends
     except Exception as exc:  # the watching rank 0 reports this exit; the line says why
         log.exception("Tensor-parallel rank %d failed", rank)
         print(f"inferfleet-runtime serve (rank {rank}): error: {exc}", file=sys.stderr)

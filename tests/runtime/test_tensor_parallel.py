@@ -194,6 +194,35 @@ def complete(base: str, prompts: list[str]) -> list[str]:
     return texts
 
 
+STOP_IN_ORDER = """
+import json, sys
+import torch.distributed as dist
+from inferfleet_runtime.engine import LLMEngine
+from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.sampling import SamplingParams
+
+engine = LLMEngine.from_model_dir(sys.argv[1], EngineConfig(device="cpu", tensor_parallel_size=2, num_kv_blocks=64))
+engine.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3))
+workers = engine.runner.workers
+workers.stop()  # what the process's exit runs (atexit)
+codes = {rank: process.returncode for rank, process in workers.processes.items()}
+print(json.dumps({"codes": codes, "in_group": dist.is_initialized()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_server_that_ends_stops_its_ranks_in_order(family_checkpoint):
+    """The workers are told to stop and exit 0 (not killed), and rank 0 leaves the group before its interpreter
+    finalizes: a gloo thread still holding a collective's tensor then used to abort the process (exit -6)."""
+    model_dir, _, _ = family_checkpoint("llama")
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_IN_ORDER, str(model_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"codes": {"1": 0}, "in_group": False}
+    assert "terminate called" not in done.stderr
+
+
 @pytest.mark.slow
 def test_the_server_answers_the_openai_client_the_same_at_one_and_two_ranks(demo_model_dir):
     prompts = ["Complete: Beautiful is", "Explain: errors should never", "Now is better than"]
