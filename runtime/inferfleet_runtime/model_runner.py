@@ -20,6 +20,7 @@ from inferfleet_runtime.attention import (
 )
 from inferfleet_runtime.engine_config import EngineConfig
 from inferfleet_runtime.layers.linear import pack_linears
+from inferfleet_runtime.loader import release_freed_memory
 from inferfleet_runtime.runner import Sampled, sample_last_tokens
 from inferfleet_runtime.sampling import Sampler
 from inferfleet_runtime.scheduler import ScheduledBatch
@@ -39,6 +40,7 @@ class ModelRunner:
         self.tensor_parallel = tensor_parallel  # layers.parallel.TensorParallel, or None on one rank
         self.workers = None  # rank 0 of several: distributed.Workers
         pack_linears(self.model)  # float32 on a CPU: packed weights, native or oneDNN (a no-op elsewhere)
+        release_freed_memory()  # the unpacked weights
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device

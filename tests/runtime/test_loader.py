@@ -289,3 +289,29 @@ def test_template_errors_surface_as_exceptions(gqa_dir, tmp_path):
     (model_dir / "chat_template.jinja").write_text(TEMPLATES["system-preamble"])
     with pytest.raises(TokenizerError, match="chat template: Conversation roles must alternate"):
         Tokenizer.from_dir(model_dir).apply_chat_template([{"role": "assistant", "content": "hi"}])
+
+
+LOAD_AND_LIST_MODULES = """
+import json, sys
+import torch
+from inferfleet_runtime.loader import load_model
+before = set(sys.modules)
+for quantization in ("none", "int4"):
+    load_model(sys.argv[1], device="cpu", kernels="native", quantization=quantization)
+print(json.dumps(sorted({name.split(".")[0] for name in set(sys.modules) - before})))
+"""
+
+
+def test_loading_on_a_cpu_imports_neither_triton_nor_symbolic_shapes(gqa_dir):
+    """Building the model on the meta device and giving it memory must not pull in Triton, dynamo or sympy (about
+    100 MiB resident, more than an int4 SmolLM2's own weights)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_LIST_MODULES, str(gqa_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not {"triton", "sympy"} & set(imported), imported
+    assert not any(name.startswith("torch._dynamo") for name in imported)

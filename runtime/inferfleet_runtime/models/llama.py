@@ -55,7 +55,11 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, ops: KernelOps):
         super().__init__()
         self.config, self.ops = config, ops
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Built on the meta device (the loader), the embedding skips its random init: normal_ on meta imports
+        # torch's symbolic shapes, dynamo and Triton (~100 MiB resident on a CPU server) for numbers never read.
+        on_meta = torch.empty(()).is_meta
+        weight = torch.empty(config.vocab_size, config.hidden_size) if on_meta else None
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(self.layer_class(config, ops, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops, config.norm_offset)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
