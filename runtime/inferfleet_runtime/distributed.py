@@ -41,7 +41,7 @@ PROGRAM = "inferfleet-runtime serve"
 NO_TIMEOUT = timedelta(days=365)
 WATCH_INTERVAL_S = 0.2
 STOP_TIMEOUT_S = 10.0  # for the stop broadcast, then for the workers to exit
-SETTLE_TIMEOUT_S = 2.0
+SETTLE_TIMEOUT_S = 2.0  # for a backend's thread to drop a finished collective's tensor (NCCL's may keep it)
 _STOP, _STEP = 0, 1
 _HEADER = 8  # int64: command, tokens, sequences, block table width, max query len, max seq len, logit rows, unused
 
@@ -171,15 +171,12 @@ def send_stop(device: torch.device) -> None:
     settle(header)
 
 
-def settle(tensor: torch.Tensor, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
+def settle(tensor: torch.Tensor, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
     """Waits (GIL released, at most timeout_s) until the only reference to the tensor of a completed collective is
-    the caller's, i.e. the backend's thread has dropped its own; whether it has."""
+    the caller's, i.e. the backend's thread has dropped its own."""
     deadline = time.monotonic() + timeout_s
-    while tensor._use_count() > 1:
-        if time.monotonic() > deadline:
-            return False
+    while tensor._use_count() > 1 and time.monotonic() < deadline:
         time.sleep(0.001)
-    return True
 
 
 def receive_step(device: torch.device):

@@ -104,7 +104,7 @@ def load_model(
             weights = _quantized_as_read(weights, model)
     # to_empty without its empty_like of meta tensors, which imports torch's symbolic shapes (sympy) for nothing.
     model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-    if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):  # to_empty unties them
+    if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):  # new storage unties them
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weights)
     if scheme is None:  # --quantization or a GGUF file's kept blocks; a compressed-tensors checkpoint says itself
@@ -118,13 +118,12 @@ def load_model(
         replicated = parallelize(model, tensor_parallel, config.vocab_size)
         if replicated:
             log.info("Replicated %s on every tensor-parallel rank", ", ".join(replicated))
-    release_freed_memory()
     return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 
 
 def release_freed_memory() -> None:
-    """Hands the memory the load freed (float tensors read, quantized and dropped) back to the system: glibc keeps
-    freed heap for reuse, so a server's resident size would stay at the load's peak. Nothing to do elsewhere."""
+    """Hands the memory a load freed (float tensors read, quantized or packed, and dropped) back to the system:
+    glibc keeps freed heap for reuse, so a server would stay at the load's peak. Only gc where libc is not glibc."""
     import ctypes
     import ctypes.util
     import gc

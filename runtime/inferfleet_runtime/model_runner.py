@@ -40,7 +40,7 @@ class ModelRunner:
         self.tensor_parallel = tensor_parallel  # layers.parallel.TensorParallel, or None on one rank
         self.workers = None  # rank 0 of several: distributed.Workers
         pack_linears(self.model)  # float32 on a CPU: packed weights, native or oneDNN (a no-op elsewhere)
-        release_freed_memory()  # the unpacked weights
+        release_freed_memory()  # what the load and the packing dropped (once, when the weights are final)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device

@@ -23,8 +23,11 @@ def _die_with_parent() -> None:
     would fire when the starting *thread* exits, and rank 0 starts workers from a loading thread.)"""
 
     def wait_for_eof() -> None:
-        while os.read(0, 4096):  # the raw descriptor: a daemon thread inside sys.stdin's buffer would hold its lock,
-            pass  # and an interpreter that finalizes (the worker told to stop) aborts on that lock
+        # The raw descriptor, not sys.stdin's buffer: a daemon thread blocked inside the buffer holds its lock, and an
+        # interpreter that finalizes (a worker told to stop) aborts on that lock.
+        chunk = os.read(0, 4096)
+        while chunk:
+            chunk = os.read(0, 4096)
         os._exit(1)
 
     threading.Thread(target=wait_for_eof, name="inferfleet-tp-parent", daemon=True).start()
