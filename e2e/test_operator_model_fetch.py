@@ -18,7 +18,7 @@ import pytest
 from helpers import Cluster, wait_for
 from operator_process import service_manifest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime" / "support"))
 from hub_standin import COMMIT, HubStandIn  # noqa: E402  (the Hub stand-in shared with the runtime tests)
 
 pytestmark = pytest.mark.e2e
@@ -49,8 +49,8 @@ def _run_init_container(cluster: Cluster, namespace: str, container: dict, root:
 
 
 def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(cluster: Cluster, ns, tmp_path):
-    from inferfleet_runtime.demo_model import ensure_demo_model
-    from inferfleet_runtime.model_content import SOURCE_NAME, read_commit
+    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
+    from inferfleet_runtime.fetch.content_digest import SOURCE_NAME, read_commit
 
     hub = HubStandIn(REPO, ensure_demo_model(), required_token=TOKEN)
     endpoint = hub.start()

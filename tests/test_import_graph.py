@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,9 +28,13 @@ def module_files(package: str) -> dict[str, Path]:
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The package's own modules that one module imports, at any depth of its code."""
-    is_package = path.name == "__init__.py"
+    return imports_in(name, path.read_text(), path.name == "__init__.py", modules)
+
+
+def imports_in(name: str, text: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
+    """The package's own modules that the code `text` of module `name` imports."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -149,3 +156,74 @@ def test_layer_check_sees_an_upward_import():
     assert layer_violations(graph) == [
         "inferfleet_operator.plan.planner imports inferfleet_operator.controller.cache (layer controller is above it)"
     ]
+
+
+# The runtime's engine loop (inferfleet_runtime.engine) drives a runner through a protocol: loading it brings in
+# no torch, no checkpoint reader, no kernel and no model code. The one lazy import it keeps is the factory
+# LLMEngine.from_model_dir, which builds the paged runner on request.
+ENGINE_LOOP_MAY_NOT_LOAD = ("torch", "triton", "safetensors", "gguf")
+RUNTIME_LAYERS_BELOW_THE_ENGINE_LOOP_NEVER_NEEDED = ("checkpoints", "kernels", "layers", "models", "worker", "compiled")
+
+
+def test_loading_the_engine_loop_imports_no_torch_checkpoint_reader_or_kernel():
+    code = (
+        "import sys\n"
+        "from inferfleet_runtime.engine import LLMEngine, SamplingParams\n"
+        "import inferfleet_runtime.engine.async_engine, inferfleet_runtime.engine.scheduler\n"
+        f"bad = {ENGINE_LOOP_MAY_NOT_LOAD!r}\n"
+        f"layers = {RUNTIME_LAYERS_BELOW_THE_ENGINE_LOOP_NEVER_NEEDED!r}\n"
+        "found = [m for m in sys.modules if m.split('.')[0] in bad"
+        " or (m.startswith('inferfleet_runtime.') and m.split('.')[1] in layers)]\n"
+        "print(sorted(found))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def top_level_imports(package: str) -> dict[str, set[str]]:
+    """Like import_graph, but only the imports a module runs when it is loaded (none inside functions or classes'
+    methods, none under `if TYPE_CHECKING`)."""
+    modules = module_files(package)
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        body = [
+            node
+            for node in tree.body
+            if not (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test))
+            and isinstance(node, (ast.Import, ast.ImportFrom, ast.Try, ast.If))
+        ]
+        kept = ast.Module(body=body, type_ignores=[])
+        graph[name] = imports_in(name, ast.unparse(kept), path.name == "__init__.py", modules)
+    return graph
+
+
+def engine_loop_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in sorted(graph.items()):
+        if not module.startswith("inferfleet_runtime.engine"):
+            continue
+        for target in sorted(imported):
+            parts = target.split(".")
+            if len(parts) > 1 and parts[1] in RUNTIME_LAYERS_BELOW_THE_ENGINE_LOOP_NEVER_NEEDED:
+                found.append(f"{module} imports {target} when loaded")
+    return found
+
+
+def test_engine_loop_modules_import_no_worker_checkpoint_kernel_or_model_when_loaded():
+    assert engine_loop_violations(top_level_imports("inferfleet_runtime")) == []
+
+
+def test_engine_loop_check_sees_a_kernel_import():
+    graph = {"inferfleet_runtime.engine.scheduler": {"inferfleet_runtime.kernels.native"}}
+    assert engine_loop_violations(graph) == [
+        "inferfleet_runtime.engine.scheduler imports inferfleet_runtime.kernels.native when loaded"
+    ]
+
+
+def test_the_offline_api_is_exported_from_the_engine_package():
+    import inferfleet_runtime.engine as engine
+
+    assert {"LLMEngine", "SamplingParams"} <= set(engine.__all__)

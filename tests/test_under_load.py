@@ -1,4 +1,4 @@
-"""tests/under_load.py: the command's exit status comes back, busy loops run during it and are gone after."""
+"""tests/support/under_load.py: the command's exit status comes back, busy loops run during it and are gone after."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).with_name("under_load.py")
+SCRIPT = Path(__file__).parent / "support" / "under_load.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -80,7 +80,7 @@ def release(kind_cluster):
 @pytest.fixture(scope="module")
 def serve_ns(kind_cluster, release):
     """A restricted namespace with the demo model on a read-only claim (`models`) and an engine cache claim."""
-    from inferfleet_runtime.demo_model import ensure_demo_model
+    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
 
     namespace = kind_cluster.create_namespace(f"serve-{SUFFIX}", labels=RESTRICTED)
     model_dir = kind_cluster.models_dir / MODEL

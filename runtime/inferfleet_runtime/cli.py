@@ -9,10 +9,10 @@ import sys
 # name -> (module exposing add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS = {
     "serve": ("inferfleet_runtime.server.cli", "serve a model over the OpenAI-compatible HTTP API"),
-    "demo-model": ("inferfleet_runtime.demo_model", "make the small built-in model"),
-    "fetch": ("inferfleet_runtime.fetch", "download a model (file://, hf://, s3://)"),
+    "demo-model": ("inferfleet_runtime.demo.builtin_model", "make the small built-in model"),
+    "fetch": ("inferfleet_runtime.fetch.sources", "download a model (file://, hf://, s3://)"),
     "compile": ("inferfleet_runtime.compiled.cli", "build a compiled engine ahead of time"),
-    "prune-engine": ("inferfleet_runtime.prune_engine", "remove a compiled engine from the engine cache"),
+    "prune-engine": ("inferfleet_runtime.compiled.prune", "remove a compiled engine from the engine cache"),
     "bench": ("inferfleet_runtime.bench.cli", "run a serving benchmark"),
 }
 
@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
     an init container run with flags its image does not know says so in the pod's status."""
 
     def error(self, message: str):
-        from .termination import write_termination_message
+        from inferfleet_runtime.termination import write_termination_message
 
         write_termination_message(f"{self.prog}: error: {message}")
         super().error(message)

@@ -185,7 +185,7 @@ def _samples(args: argparse.Namespace):
 
     count = word_count
     if args.tokenizer:
-        from inferfleet_runtime.tokenizer import Tokenizer
+        from inferfleet_runtime.checkpoints.tokenizer import Tokenizer
 
         try:
             count = token_counter(Tokenizer.from_dir(args.tokenizer))

@@ -192,7 +192,8 @@ def real_float_model() -> Path:
     """The real demo model (SmolLM2-135M-Instruct, a Q4_1 GGUF) dequantized once into a float32 checkpoint under
     $INFERFLEET_CACHE/bench-models/: llama-server's F32 / Q8_0 / Q4_0 files and this runtime's `--quantization`
     are then made from the same float32 weights."""
-    from ..real_model import ensure_real_model
+    from inferfleet_runtime.demo.smollm2 import ensure_real_model
+
     from .gguf_export import write_float_checkpoint
 
     return _cached_model("smollm2-135m-instruct-f32", lambda out: write_float_checkpoint(ensure_real_model(), out))

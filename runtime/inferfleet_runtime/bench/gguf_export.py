@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferfleet_runtime.loader import read_safetensors
+from inferfleet_runtime.checkpoints.loader import read_safetensors
 from inferfleet_runtime.models import read_config_dir
 
 # HF name suffix -> GGUF name suffix, per layer.
@@ -147,7 +147,7 @@ def write_float_checkpoint(gguf_path: str | Path, out_dir: str | Path) -> Path:
     the real demo model's can be benchmarked as float32 and re-quantized by `serve --quantization`."""
     from safetensors.torch import save_file
 
-    from inferfleet_runtime.gguf_checkpoint import load_gguf
+    from inferfleet_runtime.checkpoints.gguf import load_gguf
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     _, tokenizer, weights = load_gguf(gguf_path, dtype="float32")

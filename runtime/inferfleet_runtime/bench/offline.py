@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from inferfleet_runtime.attention import kv_cache_bytes_per_block
+from inferfleet_runtime.layers.attention_backend import kv_cache_bytes_per_block
 
 from .datasets import parse_range, random_requests, token_counter
 
@@ -65,7 +65,7 @@ class _TimedModel:
 def run_engine(engine, work: Workload, profile_at: int | None = None) -> dict:
     """Runs the workload to completion with step(); -> tokens/s, outputs, peak KV blocks, and (profile_at=N) the
     split of step time over the decode steps that ran exactly N sequences."""
-    from inferfleet_runtime.sampling import SamplingParams
+    from inferfleet_runtime.engine.sampling_params import SamplingParams
 
     base = f"offline-{time.monotonic_ns()}"
     for i, (ids, n) in enumerate(zip(work.prompt_ids, work.output_lens)):
@@ -260,9 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from inferfleet_runtime.demo_model import ensure_demo_model
-    from inferfleet_runtime.engine import LLMEngine
-    from inferfleet_runtime.engine_config import EngineConfig
+    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
+    from inferfleet_runtime.engine.config import EngineConfig
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
 
     model_dir = Path(args.model) if args.model else ensure_demo_model()
     top = max(levels)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from inferfleet_runtime import demo_text
+from inferfleet_runtime.demo import text as demo_text
 
 
 @dataclass(frozen=True)

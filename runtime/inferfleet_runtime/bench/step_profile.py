@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from inferfleet_runtime.device import cpu_engine_threads
-    from inferfleet_runtime.engine import LLMEngine
-    from inferfleet_runtime.engine_config import EngineConfig
-    from inferfleet_runtime.sampling import SamplingParams
+    from inferfleet_runtime.engine.config import EngineConfig
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
+    from inferfleet_runtime.engine.sampling_params import SamplingParams
 
     from .compare import default_model
 

@@ -31,10 +31,10 @@ def run_size(model_dir: str, size: int, levels: list[int], input_len: int, outpu
     """In this process: rank 0 of `size` (workers started by the engine) -> the figures of this size."""
     import os
 
-    from inferfleet_runtime.engine import LLMEngine
-    from inferfleet_runtime.engine_config import EngineConfig
+    from inferfleet_runtime.engine.config import EngineConfig
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
+    from inferfleet_runtime.engine.sampling_params import SamplingParams
     from inferfleet_runtime.layers import parallel
-    from inferfleet_runtime.sampling import SamplingParams
 
     started = time.perf_counter()
     config = EngineConfig(device="cpu", tensor_parallel_size=size, max_num_seqs=max(levels))
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     if args.model is None:
-        from inferfleet_runtime.demo_model import ensure_demo_model
+        from inferfleet_runtime.demo.builtin_model import ensure_demo_model
 
         args.model = str(ensure_demo_model())
     if args.one_size is not None:

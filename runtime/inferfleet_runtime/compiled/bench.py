@@ -21,7 +21,7 @@ PROMPT = "Beautiful is better than ugly. Explicit is better than"
 
 def decode_step_seconds(engine, num_seqs: int, num_tokens: int) -> list[float]:
     """Wall seconds of each engine step once all num_seqs prompts are prefilled (one new token per sequence)."""
-    from inferfleet_runtime.sampling import SamplingParams
+    from inferfleet_runtime.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
     for i in range(num_seqs):
@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     from inferfleet_runtime.cli import main as cli
-    from inferfleet_runtime.demo_model import ensure_demo_model
-    from inferfleet_runtime.engine import LLMEngine
-    from inferfleet_runtime.engine_config import EngineConfig
+    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
+    from inferfleet_runtime.engine.config import EngineConfig
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
 
     from .manifest import read_manifest
     from .runner import make_compiled_engine

@@ -4,7 +4,7 @@ Progress goes to stdout as `progress stage=<stage> percent=<0..100>` lines; the 
 `built engine=<key> dir=<out> seconds=<s>`. In a Kubernetes container (where the kubelet provides
 /dev/termination-log, or $INFERFLEET_TERMINATION_LOG names a file) the result is also written there for
 the operator: a JSON object ({"artifactSizeBytes": ..., "modelDigest": ...}) on success, the one error line on
-failure. With --content-addressed the engine goes to OUT/<model digest> (inferfleet_runtime.model_content).
+failure. With --content-addressed the engine goes to OUT/<model digest> (inferfleet_runtime.fetch.content_digest).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..termination import write_termination_message
+from inferfleet_runtime.termination import write_termination_message
+
 from .envelope import DTYPES, Envelope, EnvelopeError, parse_buckets
 
 
@@ -71,9 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from inferfleet_runtime.config import ConfigError
     from inferfleet_runtime.device import pick_device
-    from inferfleet_runtime.model_content import content_digest, content_manifest
+    from inferfleet_runtime.fetch.content_digest import content_digest, content_manifest
+    from inferfleet_runtime.model_config import ConfigError
     from inferfleet_runtime.models import read_config_dir
 
     from .backends import BackendUnavailable, get_backend

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from inferfleet_runtime.loader import load_model
+from inferfleet_runtime.checkpoints.loader import load_model
 
 from .backends import get_backend
 from .envelope import Envelope

@@ -26,9 +26,9 @@ LENGTHS = [8, 12, 16, 20]
 
 def compare_with_paged(model_dir: Path, engine_dir: Path, device: str) -> tuple[list, list]:
     """Greedy tokens of PROMPTS (one concurrent batch) from the compiled engine and from the paged engine."""
-    from inferfleet_runtime.engine import LLMEngine
-    from inferfleet_runtime.engine_config import EngineConfig
-    from inferfleet_runtime.sampling import SamplingParams
+    from inferfleet_runtime.engine.config import EngineConfig
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
+    from inferfleet_runtime.engine.sampling_params import SamplingParams
 
     from .runner import make_compiled_engine
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from inferfleet_runtime.cli import main as cli
-    from inferfleet_runtime.demo_model import ensure_demo_model
+    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
 
     if not torch.cuda.is_available():
         print("check skipped: no GPU visible to torch", flush=True)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from inferfleet_runtime.engine_config import EngineConfig
+from inferfleet_runtime.checkpoints.tokenizer import Tokenizer
+from inferfleet_runtime.engine.config import EngineConfig
+from inferfleet_runtime.engine.runner_protocol import Sampled, sample_last_tokens
+from inferfleet_runtime.engine.scheduler import ScheduledBatch
+from inferfleet_runtime.engine.sequence import Sequence, SequenceStatus
 from inferfleet_runtime.models import read_config_dir
-from inferfleet_runtime.runner import Sampled, sample_last_tokens
-from inferfleet_runtime.sampling import Sampler
-from inferfleet_runtime.scheduler import ScheduledBatch
-from inferfleet_runtime.sequence import Sequence, SequenceStatus
-from inferfleet_runtime.tokenizer import Tokenizer
+from inferfleet_runtime.worker.sampler import Sampler
 
 from .backends import get_backend
 from .envelope import bucket_for
@@ -186,7 +186,7 @@ def make_compiled_engine(
     engine_dir: str | Path, config: EngineConfig | None = None, device: torch.device | None = None
 ):
     """An LLMEngine over a compiled engine directory (offline use, benchmarks, tests)."""
-    from inferfleet_runtime.engine import LLMEngine
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
 
     config = config or EngineConfig()
     fit_engine_config(read_manifest(engine_dir), config)

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from inferfleet_runtime.config import DTYPES
+from inferfleet_runtime.model_config import DTYPES
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 

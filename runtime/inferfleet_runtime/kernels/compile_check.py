@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inferfleet_runtime.config import DTYPES
+from inferfleet_runtime.model_config import DTYPES
 
 from . import _triton, activation, fused_moe, kv_cache, paged_attention, quantized_matmul, rms_norm, rotary
 

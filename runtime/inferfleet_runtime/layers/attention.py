@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import AttentionBackend
-from ..config import ModelConfig
-from ..kernels import KernelOps
+from inferfleet_runtime.kernels import KernelOps
+from inferfleet_runtime.layers.attention_backend import AttentionBackend
+from inferfleet_runtime.model_config import ModelConfig
+
 from .norm import RMSNorm
 
 

@@ -8,7 +8,8 @@ import logging
 import torch
 from torch import nn
 
-from ..kernels import native
+from inferfleet_runtime.kernels import native
+
 from .quantized import QuantizedLinear
 
 log = logging.getLogger(__name__)

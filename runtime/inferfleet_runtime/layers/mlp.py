@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..kernels import KernelOps
-from ..kernels.activation import gelu_tanh_and_mul_reference
+from inferfleet_runtime.kernels import KernelOps
+from inferfleet_runtime.kernels.activation import gelu_tanh_and_mul_reference
+from inferfleet_runtime.model_config import ModelConfig
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 

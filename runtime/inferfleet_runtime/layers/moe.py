@@ -13,9 +13,9 @@ import re
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..kernels import KernelOps, native
-from ..kernels.fused_moe import fused_experts_dense, grouped_by_expert
+from inferfleet_runtime.kernels import KernelOps, native
+from inferfleet_runtime.kernels.fused_moe import fused_experts_dense, grouped_by_expert
+from inferfleet_runtime.model_config import ModelConfig
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import KernelOps
+from inferfleet_runtime.kernels import KernelOps
 
 
 class RMSNorm(nn.Module):

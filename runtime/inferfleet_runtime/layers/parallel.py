@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import ConfigError, ModelConfig
+from inferfleet_runtime.model_config import ConfigError, ModelConfig
+
 from .mlp import GatedMLP
 
 

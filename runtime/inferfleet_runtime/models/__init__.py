@@ -11,8 +11,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import ConfigError, ModelConfig, as_ids, read_rope, refuse_quantized_checkpoint, resolve_dtype
-from ..kernels import KernelOps
+from inferfleet_runtime.kernels import KernelOps
+from inferfleet_runtime.model_config import (
+    ConfigError,
+    ModelConfig,
+    as_ids,
+    read_rope,
+    refuse_quantized_checkpoint,
+    resolve_dtype,
+)
+
 from . import gemma, llama, moe, phi3, qwen2, qwen3
 
 

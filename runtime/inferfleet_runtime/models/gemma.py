@@ -13,13 +13,14 @@ import logging
 import torch
 from torch import nn
 
-from ..attention import AttentionBackend
-from ..config import ConfigError, ModelConfig, read_rope, read_sliding_windows
-from ..kernels import KernelOps
-from ..layers.attention import Attention
-from ..layers.mlp import GatedMLP
-from ..layers.norm import RMSNorm
-from ..layers.rotary import rope_cos_sin_cache
+from inferfleet_runtime.kernels import KernelOps
+from inferfleet_runtime.layers.attention import Attention
+from inferfleet_runtime.layers.attention_backend import AttentionBackend
+from inferfleet_runtime.layers.mlp import GatedMLP
+from inferfleet_runtime.layers.norm import RMSNorm
+from inferfleet_runtime.layers.rotary import rope_cos_sin_cache
+from inferfleet_runtime.model_config import ConfigError, ModelConfig, read_rope, read_sliding_windows
+
 from .llama import LlamaModel
 
 log = logging.getLogger(__name__)

@@ -9,15 +9,15 @@ import logging
 import torch
 from torch import nn
 
-from ..attention import AttentionBackend, PagedAttention
-from ..config import ModelConfig, read_sliding_windows
-from ..kernels import KernelOps, native
-from ..layers.attention import Attention
-from ..layers.linear import NativeLinear, NativeQuantizedLinear
-from ..layers.mlp import GatedMLP
-from ..layers.norm import RMSNorm
-from ..layers.quantized import QuantizedEmbedding
-from ..layers.rotary import rope_cos_sin_cache
+from inferfleet_runtime.kernels import KernelOps, native
+from inferfleet_runtime.layers.attention import Attention
+from inferfleet_runtime.layers.attention_backend import AttentionBackend, PagedAttention
+from inferfleet_runtime.layers.linear import NativeLinear, NativeQuantizedLinear
+from inferfleet_runtime.layers.mlp import GatedMLP
+from inferfleet_runtime.layers.norm import RMSNorm
+from inferfleet_runtime.layers.quantized import QuantizedEmbedding
+from inferfleet_runtime.layers.rotary import rope_cos_sin_cache
+from inferfleet_runtime.model_config import ModelConfig, read_sliding_windows
 
 log = logging.getLogger(__name__)
 

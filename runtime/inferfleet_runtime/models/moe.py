@@ -16,10 +16,11 @@ import logging
 
 from torch import nn
 
-from ..config import ConfigError, ModelConfig, read_sliding_windows
-from ..kernels import KernelOps
-from ..layers.mlp import GatedMLP
-from ..layers.moe import SparseMoE
+from inferfleet_runtime.kernels import KernelOps
+from inferfleet_runtime.layers.mlp import GatedMLP
+from inferfleet_runtime.layers.moe import SparseMoE
+from inferfleet_runtime.model_config import ConfigError, ModelConfig, read_sliding_windows
+
 from .llama import DecoderLayer, LlamaModel
 
 log = logging.getLogger(__name__)

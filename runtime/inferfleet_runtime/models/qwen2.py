@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import read_sliding_windows
+from inferfleet_runtime.model_config import read_sliding_windows
 
 
 def config_fields(hf: dict) -> dict:

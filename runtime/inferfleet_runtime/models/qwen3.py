@@ -3,7 +3,8 @@ before RoPE, an explicit head_dim (often not hidden_size / num_heads) and attent
 
 from __future__ import annotations
 
-from ..config import read_sliding_windows
+from inferfleet_runtime.model_config import read_sliding_windows
+
 from .qwen2 import qwen_sliding_layers
 
 

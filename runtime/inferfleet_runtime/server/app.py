@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferfleet_runtime.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestFailedError
-from inferfleet_runtime.engine import CompletionOutput, ContextLengthError, RequestOutput
-from inferfleet_runtime.metrics import ServerMetrics
+from inferfleet_runtime.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestFailedError
+from inferfleet_runtime.engine.llm_engine import CompletionOutput, ContextLengthError, RequestOutput
+from inferfleet_runtime.engine.metrics import ServerMetrics
 from inferfleet_runtime.server.auth import ApiKeys
 from inferfleet_runtime.server.formats import ChatFormat, CompletionFormat, usage
 from inferfleet_runtime.server.protocol import ChatCompletionRequest, CompletionRequest

@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from inferfleet_runtime.engine_config import KERNEL_BACKENDS, QUANTIZATIONS, EngineConfig
+from inferfleet_runtime.engine.config import KERNEL_BACKENDS, QUANTIZATIONS, EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if mode == "paged":
         if not args.model:
             return _fail("--engine paged needs --model DIR")
-        from inferfleet_runtime.gguf_checkpoint import GGUFError, find_gguf
+        from inferfleet_runtime.checkpoints.gguf import GGUFError, find_gguf
 
         model_dir = Path(args.model)
         try:
@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
         if gguf_file is None and not (model_dir / "config.json").is_file():
             return _fail(f"{model_dir} is not a model directory (no config.json) nor a .gguf file")
         if gguf_file is None:  # a family this runtime cannot serve is refused here, in one line, not at load
-            from inferfleet_runtime.config import ConfigError
             from inferfleet_runtime.layers.quantized import check_quantizable
+            from inferfleet_runtime.model_config import ConfigError
             from inferfleet_runtime.models import read_config_dir
 
             try:
@@ -211,9 +211,9 @@ def build_state(
     make_runner, config: EngineConfig, served_model_name: str, api_keys=None, protect_metrics=False, **state_fields
 ):
     """(ServerState, load) for create_app: load() builds the runner, engine and engine thread."""
-    from inferfleet_runtime.async_engine import AsyncEngine
-    from inferfleet_runtime.engine import LLMEngine
-    from inferfleet_runtime.metrics import ServerMetrics
+    from inferfleet_runtime.engine.async_engine import AsyncEngine
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
+    from inferfleet_runtime.engine.metrics import ServerMetrics
     from inferfleet_runtime.server.app import ServerState
 
     state = ServerState(
@@ -234,7 +234,7 @@ def build_state(
 
 def _paged_runner(model_dir: Path, config: EngineConfig):
     def make():
-        from inferfleet_runtime.model_runner import ModelRunner
+        from inferfleet_runtime.worker.model_runner import ModelRunner
 
         return ModelRunner.from_model_dir(model_dir, config)
 
@@ -243,7 +243,7 @@ def _paged_runner(model_dir: Path, config: EngineConfig):
 
 def _default_name(model_dir: Path) -> str:
     """The built-in model (a copy made by `demo-model`, or its cache) is inferfleet-demo; others, their directory."""
-    from inferfleet_runtime.demo_model import SERVED_NAME, cache_root
+    from inferfleet_runtime.demo.builtin_model import SERVED_NAME, cache_root
 
     resolved = model_dir.resolve()
     if resolved.name == SERVED_NAME or resolved.is_relative_to(cache_root().resolve()):

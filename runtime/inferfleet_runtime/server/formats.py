@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from inferfleet_runtime.engine import CompletionOutput
+from inferfleet_runtime.engine.llm_engine import CompletionOutput
 
 
 def usage(num_prompt: int, num_completion: int) -> dict:

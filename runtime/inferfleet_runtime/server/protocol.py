@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from inferfleet_runtime.sampling import MAX_LOGPROBS, SamplingParams
+from inferfleet_runtime.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16
 MAX_PROMPTS = 64  # prompts in one completions request

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from inferfleet_runtime.cli import main
-from inferfleet_runtime.engine_config import EngineConfig
-from inferfleet_runtime.model_runner import ModelRunner
+from inferfleet_runtime.engine.config import EngineConfig
+from inferfleet_runtime.worker.model_runner import ModelRunner
 
-from ..server_harness import running_server
+from ..support.server_harness import running_server
 
 MODEL = "inferfleet-demo"
 

@@ -38,7 +38,7 @@ def test_random_requests_draw_lengths_within_the_ranges_and_repeat_with_a_seed()
 
 
 def test_random_requests_with_a_tokenizer_count_real_tokens(demo_model_dir):
-    from inferfleet_runtime.tokenizer import Tokenizer
+    from inferfleet_runtime.checkpoints.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(demo_model_dir)
     count = token_counter(tokenizer)

@@ -229,7 +229,7 @@ def test_unavailable_backend_exits_2(demo_model_dir, tmp_path, monkeypatch, caps
 def test_content_addressed_build_lands_under_the_model_digest_and_reports_it(
     demo_model_dir, tmp_path, stand_in, monkeypatch
 ):
-    from inferfleet_runtime.model_content import content_digest, content_manifest
+    from inferfleet_runtime.fetch.content_digest import content_digest, content_manifest
 
     stand_in()
     log = tmp_path / "termination-log"

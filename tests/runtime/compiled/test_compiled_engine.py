@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from inferfleet_runtime.compiled.runner import make_compiled_engine
-from inferfleet_runtime.engine import LLMEngine
-from inferfleet_runtime.engine_config import EngineConfig
-from inferfleet_runtime.sampling import SamplingParams
+from inferfleet_runtime.engine.config import EngineConfig
+from inferfleet_runtime.engine.llm_engine import LLMEngine
+from inferfleet_runtime.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

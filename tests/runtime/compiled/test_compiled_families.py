@@ -11,11 +11,11 @@ import pytest
 
 from inferfleet_runtime.cli import main
 from inferfleet_runtime.compiled.runner import make_compiled_engine
-from inferfleet_runtime.engine import LLMEngine
-from inferfleet_runtime.engine_config import EngineConfig
-from inferfleet_runtime.sampling import SamplingParams
+from inferfleet_runtime.engine.config import EngineConfig
+from inferfleet_runtime.engine.llm_engine import LLMEngine
+from inferfleet_runtime.engine.sampling_params import SamplingParams
 
-from ..test_model_families import CASES, make_checkpoint
+from ..models.test_model_families import CASES, make_checkpoint
 
 pytestmark = pytest.mark.slow
 

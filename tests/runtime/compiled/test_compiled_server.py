@@ -12,11 +12,11 @@ import pytest
 
 from inferfleet_runtime import compiled
 from inferfleet_runtime.cli import main
-from inferfleet_runtime.engine import LLMEngine
-from inferfleet_runtime.engine_config import EngineConfig
-from inferfleet_runtime.sampling import SamplingParams
+from inferfleet_runtime.engine.config import EngineConfig
+from inferfleet_runtime.engine.llm_engine import LLMEngine
+from inferfleet_runtime.engine.sampling_params import SamplingParams
 
-from ..server_harness import running_server
+from ..support.server_harness import running_server
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def test_serve_refuses_a_mismatched_engine_with_one_line(compiled_demo_engine, t
 
 
 def test_serve_command_of_the_operators_pods_serves_the_engine(compiled_demo_engine, paged_texts):
-    from ..server_harness import serve_process
+    from ..support.server_harness import serve_process
 
     # The compiled serving pod's command (operator manifests: serve --engine-dir DIR --engine compiled ...).
     args = ("--engine-dir", str(compiled_demo_engine), "--engine", "compiled", "--served-model-name", MODEL)

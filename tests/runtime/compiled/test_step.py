@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferfleet_runtime.attention import PagedAttention, allocate_kv_cache, build_attention_metadata
+from inferfleet_runtime.checkpoints.loader import load_model
 from inferfleet_runtime.compiled.step import StaticStep
-from inferfleet_runtime.loader import load_model
+from inferfleet_runtime.layers.attention_backend import PagedAttention, allocate_kv_cache, build_attention_metadata
 
 CONTEXT, SLOTS = 48, 3
 

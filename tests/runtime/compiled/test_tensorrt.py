@@ -83,9 +83,9 @@ def test_step_exports_to_onnx_that_computes_what_torch_does(demo_model_dir, tmp_
     """The TensorRT backend builds from this ONNX export; onnxruntime runs it here on the CPU."""
     import onnxruntime
 
+    from inferfleet_runtime.checkpoints.loader import load_model
     from inferfleet_runtime.compiled.backends.tensorrt import INPUT_NAMES, export_onnx
     from inferfleet_runtime.compiled.step import StaticStep
-    from inferfleet_runtime.loader import load_model
 
     loaded = load_model(demo_model_dir, kernels="reference", device="cpu")
     c = loaded.config

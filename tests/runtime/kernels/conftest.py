@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
 from inferfleet_runtime.kernels._triton import HAS_TRITON
 
-# Triton fixes interpreter mode for its own library (tl.zeros, tl.max, ...) when it is first
-# imported. Pytest imports this file while collecting, before any test runs, so setting the flag
-# here holds even when another area's test imports triton first (torch.compile probes it). Only
-# on machines without a GPU, where the interpreter is the only way to run a Triton kernel.
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# TRITON_INTERPRET=1 is set by tests/conftest.py, before any test module can import triton.
 
 # One table for every kernel comparison against its torch reference. The interpreter evaluates
 # the kernels with numpy; fp16 error comes from rounding P to fp16 before the P @ V product and

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inferfleet_runtime.checkpoints.loader import load_model
 from inferfleet_runtime.kernels import activation, fused_moe, kv_cache, paged_attention, rms_norm, rotary
-from inferfleet_runtime.loader import load_model
 
-from ..paged_greedy import greedy_paged
+from ..support.paged_greedy import greedy_paged
 
 # Tiny Llama checkpoints: GQA with head_dim 16, MQA with a non-power-of-two head_dim (80), and a sliding window.
 CONFIGS = {

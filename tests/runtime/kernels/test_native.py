@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 import inferfleet_runtime.kernels as kernels
-from inferfleet_runtime.attention import allocate_kv_cache
+from inferfleet_runtime.checkpoints.loader import load_model
 from inferfleet_runtime.kernels import REFERENCE_OPS, get_ops, native
+from inferfleet_runtime.layers.attention_backend import allocate_kv_cache
 from inferfleet_runtime.layers.linear import NativeLinear, pack_linears
-from inferfleet_runtime.loader import load_model
 
-from ..paged_greedy import greedy_paged
+from ..support.paged_greedy import greedy_paged
 from .test_paged_attention import DECODE_SEQ_LENS, VARLEN_BATCH, WINDOWS, make_paged_batch, varlen_query
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
@@ -269,7 +269,7 @@ def fused_and_op_by_op(model, steps, block_size: int, threads: int):
 
 def paged_steps(model, kv_caches, steps, block_size):
     """Runs steps [(block_tables, seq_lens, query_lens, input_ids)] through model; returns each step's hidden."""
-    from inferfleet_runtime.attention import PagedAttention, build_attention_metadata
+    from inferfleet_runtime.layers.attention_backend import PagedAttention, build_attention_metadata
 
     hidden = []
     with torch.inference_mode():

@@ -108,10 +108,10 @@ def test_fp8_layers_refuse_other_widths_and_zero_points():
 def test_an_fp8_checkpoint_stays_fp8_under_the_triton_kernels_and_greedy_agrees(tiny_llama_factory, tmp_path, strategy):
     """A compressed-tensors FP8 checkpoint (made by the package) served by the Triton backend keeps its weights as
     FP8 bytes and answers as the dequantized model and as transformers running the package's decompression."""
-    from inferfleet_runtime.loader import load_model
+    from inferfleet_runtime.checkpoints.loader import load_model
 
-    from ..paged_greedy import greedy_paged
-    from ..test_compressed_checkpoint import NUM_NEW_TOKENS, PROMPTS, hf_greedy, make_compressed
+    from ..checkpoints.test_compressed_tensors import NUM_NEW_TOKENS, PROMPTS, hf_greedy, make_compressed
+    from ..support.paged_greedy import greedy_paged
 
     float_dir = tiny_llama_factory("compressed-float")
     model_dir, hf = make_compressed(float_dir, tmp_path / "fp8", 8, None, True, "float-quantized", "float", strategy)
