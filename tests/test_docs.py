@@ -51,3 +51,9 @@ def test_every_relative_link_in_the_readme_points_to_an_existing_file():
     assert len(links) > 10
     missing = [link for link in links if not (ROOT / link.split("#", 1)[0]).exists()]
     assert missing == [], f"README links to files that do not exist: {missing}"
+
+
+def test_readme_is_a_front_door_of_one_screen():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 6 * 1024
+    assert len(readme.splitlines()) <= 80

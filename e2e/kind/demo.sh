@@ -64,19 +64,7 @@ if [ -n "$served" ] && [ "$served" != smollm2-135m-instruct ]; then
   kubectl delete infsvc demo -n "$workloads" --cascade=foreground --wait=true --timeout=300s >/dev/null  # children first
 fi
 # The CPU pod loads the Q4_1 file and dequantizes it to float32: about 2 GiB at its peak, 20-60 s on 250m.
-kubectl apply -n "$workloads" -f - >/dev/null <<'YAML'
-apiVersion: inferfleet.dev/v1alpha1
-kind: InferenceService
-metadata: {name: demo}
-spec:
-  model: {name: smollm2-135m-instruct, uri: pvc://models/smollm2}
-  engine: {maxContextLength: 1024, maxBatchSize: 4, dtype: float32}
-  replicas: 4
-  pools: [{name: cpu-amd64, replicas: 1}]  # one real pod; the other three spread over the GPU pools
-  resources: {cpu: 250m, memory: 2560Mi}
-  placement:
-    tolerations: [{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}]  # the simulated GPU nodes
-YAML
+kubectl apply -n "$workloads" -f "$root/docs/examples/demo-inferenceservice.yaml" >/dev/null
 until [ "$(kubectl get deployment demo-cpu-amd64 -n "$workloads" -o jsonpath='{.status.readyReplicas}' 2>/dev/null)" = 1 ]; do
   sleep 2
   [ $(( $(date +%s) - began )) -lt 3600 ] || { echo "[demo] The CPU pool did not become ready" >&2; exit 1; }
@@ -93,19 +81,5 @@ pod=$(kubectl get pods -n "$workloads" -l inferfleet.dev/pool=cpu-amd64 -o jsonp
 kubectl port-forward -n "$workloads" "pod/$pod" 18765:8000 >/dev/null 2>&1 &
 forward=$!
 trap 'kill $forward 2>/dev/null || true' EXIT
-"$venv/bin/python" - <<'PY'
-import time, httpx, openai
-for _ in range(60):
-    try:
-        httpx.get("http://127.0.0.1:18765/ready", timeout=2); break
-    except httpx.HTTPError:
-        time.sleep(0.5)
-client = openai.OpenAI(base_url="http://127.0.0.1:18765/v1", api_key="unused")
-question = "What is the capital of France?"
-began = time.monotonic()
-reply = client.chat.completions.create(model="smollm2-135m-instruct", messages=[{"role": "user", "content": question}],
-                                       max_tokens=32, temperature=0)
-print(f"user:      {question}")
-print(f"assistant: {reply.choices[0].message.content}   ({time.monotonic() - began:.2f} s)")
-PY
+"$venv/bin/python" "$root/docs/examples/openai_client.py" --base-url http://127.0.0.1:18765/v1 --wait 60 --max-tokens 32
 step "Done; export KUBECONFIG=$KUBECONFIG (e2e/kind/down.sh deletes the cluster)"
