@@ -107,8 +107,8 @@ void inferfleet_rotary(const float *q, int64_t q_stride, const float *k, int64_t
  *
  * Run with denormals flushed to zero (x86's MXCSR FTZ and DAZ, restored on return): the vectorized loop also
  * evaluates fast_exp's clamped branch for every lane, gate / (1 + e^88), a denormal for any |gate| < ~2, and each
- * denormal result costs Intel cores a microcode assist: 225 us instead of 25 us for 32 x 1376 values. Only values
- * below 1.2e-38 change (to 0). */
+ * denormal result costs Intel cores a microcode assist, several times the loop's own time (figures:
+ * docs/performance/2026-12-07-figures-from-code-comments.md). Only values below 1.2e-38 change (to 0). */
 static inline void silu_mul(const float *gate, const float *up, float *out, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
@@ -1284,8 +1284,9 @@ int inferfleet_forward(const inferfleet_model *m, float *const *kv_caches, const
             }
             spin_barrier_wait(&barrier, nth);
             /* Units taken in turn (later tokens of a prompt attend to more keys): whole tokens, each reading its
-             * keys' and values' rows whole and in order (a step's cache is read from memory: SmolLM2 decoding 32
-             * sequences 1.9x faster than a unit per kv head, whose reads skip through every row), or, with too few
+             * keys' and values' rows whole and in order (a step's cache is read from memory: sequential rows beat a
+             * unit per kv head, whose reads skip through every row; figures in docs/performance/2026-12-07-figures-
+             * from-code-comments.md), or, with too few
              * tokens to keep the threads busy, a kv head of a token each. */
             const int64_t heads_per_unit = T >= 4 * nth ? Hkv : 1;
             for (int64_t i = tid; i < T * Hkv / heads_per_unit; i += nth) {

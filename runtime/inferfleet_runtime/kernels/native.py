@@ -4,7 +4,7 @@ On a CPU the reference runs each op as a chain of torch ops, and a batch-1 decod
 mostly their per-call overhead (~600 calls; `python -m inferfleet_runtime.bench.step_profile`); its attention
 also copies every sequence's blocks out of the cache before attending. These kernels are one call per op and
 attend over the cache in place; `forward` runs a whole step's decoder stack (every layer's ops and matmuls) in one
-call, which is how a packed native model (model.pack_linears) serves.
+call, which is how a packed native model (layers.linear.pack_linears) serves.
 
 Build: `cc -O3 -march=native -fopenmp -shared` (the compiler from $CC, else `cc`) into
 $INFERFLEET_KERNEL_CACHE, else $XDG_CACHE_HOME/inferfleet/kernels, else ~/.cache/inferfleet/kernels; the file
@@ -296,7 +296,7 @@ def default_activations(bits: int, group_size: int, runtime_quantized: bool = Tr
     answers on the same file (int8 activations give llama.cpp's: on the real SmolLM2 Q4_1 file both answer the
     capital question "L'Étoile, ..." off a near tie, where transformers says Paris). Among runtime-quantized: for
     4-bit ones on every SIMD build, for 8-bit ones only with VNNI (pmaddubsw's int16 sums would overflow: native.c
-    runs them in plain C, 20-70x slower); none on builds without SIMD dot products (plain C: the float kernels'
+    runs them in plain C, far slower); none on builds without SIMD dot products (plain C: the float kernels'
     vector code is faster)."""
     if activation_block(group_size) is None:
         return "float"

@@ -14,12 +14,12 @@ from .quantized import QuantizedLinear
 
 log = logging.getLogger(__name__)
 
-# Rows the packed layout is chosen for: at 32 the layout served batch 1 and 128 within 6% of their own best
-# (33 matmuls of the `bench compare` model, 2 threads).
+# Rows the packed layout is chosen for: one layout serves small and large batches close to their own best
+# (figures: docs/performance/2026-12-07-figures-from-code-comments.md).
 PACKED_LINEAR_BATCH_HINT = 32
-# Smallest weight packed (elements; 512 x 512 = 1 MiB in float32). Each oneDNN call costs ~25-40 us more than MKL's
-# for a matrix that stays in cache: on the 96-wide demo model, packing every linear took the offline paged engine
-# from 4,545-4,770 to 2,348-3,455 tok/s (one thread); the `bench compare` model's smallest weight is 512 x 512.
+# Smallest weight packed (elements). Each oneDNN call has a fixed cost over MKL's for a matrix that stays in cache,
+# so packing small linears slows a small model down (figures: docs/performance/2026-12-07-figures-from-code-comments.md); the `bench compare` model's smallest
+# weight is 512 x 512.
 PACKED_LINEAR_MIN_WEIGHT = 512 * 512
 
 

@@ -56,7 +56,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config, self.ops = config, ops
         # Built on the meta device (the loader), the embedding skips its random init: normal_ on meta imports
-        # torch's symbolic shapes, dynamo and Triton (~100 MiB resident on a CPU server) for numbers never read.
+        # torch's symbolic shapes, dynamo and Triton (memory resident for the server's life) for numbers never read.
         on_meta = torch.get_default_device().type == "meta"
         weight = torch.empty(config.vocab_size, config.hidden_size) if on_meta else None
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
