@@ -425,6 +425,73 @@ def _num_sms(device: torch.device) -> int:
     return 16
 
 
+@dataclass(frozen=True)
+class _InputShape:
+    """What the launcher reads off checked inputs."""
+
+    num_tokens: int
+    num_q_heads: int
+    head_dim: int
+    block_size: int
+    num_kv_heads: int
+    num_seqs: int
+    is_decode: bool
+
+
+def _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, window) -> _InputShape:
+    """Shapes, dtypes, strides and devices of `paged_attention`'s inputs (see its docstring), or a clear error."""
+    if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            f"expected query [T, Hq, D] and caches [num_blocks, block_size, Hkv, D], got "
+            f"{tuple(query.shape)}, {tuple(key_cache.shape)}, {tuple(value_cache.shape)}"
+        )
+    num_tokens, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    if cache_head_dim != head_dim or num_q_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"head_dim {head_dim} vs cache {cache_head_dim}, or Hq {num_q_heads} not a multiple of Hkv {num_kv_heads}"
+        )
+    check_dtype("query", query, FLOAT_DTYPES)
+    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
+        raise TypeError(f"cache dtypes {key_cache.dtype}/{value_cache.dtype} differ from query dtype {query.dtype}")
+    if query.stride(-1) != 1 or not key_cache.is_contiguous() or not value_cache.is_contiguous():
+        raise ValueError("query must be contiguous in head_dim and the caches contiguous")
+    num_seqs = seq_lens.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.dtype != torch.int32:
+        raise ValueError(
+            f"block_tables must be [{num_seqs}, max_blocks] int32, got {tuple(block_tables.shape)} {block_tables.dtype}"
+        )
+    if seq_lens.dtype != torch.int32:
+        raise TypeError(f"seq_lens must be int32, got {seq_lens.dtype}")
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window holds at least one key, got {window}")
+    is_decode = query_start_loc is None
+    if is_decode:
+        if num_tokens != num_seqs:
+            raise ValueError(f"decode needs one query token per sequence: {num_tokens} tokens, {num_seqs} sequences")
+    elif query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
+        raise ValueError(
+            f"query_start_loc must be [{num_seqs + 1}] int32, got {tuple(query_start_loc.shape)} {query_start_loc.dtype}"
+        )
+    check_same_device(
+        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables, seq_lens=seq_lens
+    )
+    return _InputShape(num_tokens, num_q_heads, head_dim, block_size, num_kv_heads, num_seqs, is_decode)
+
+
+def _check_plan(plan: AttentionPlan, shape: _InputShape, max_query_len: int, max_seq_len: int) -> None:
+    """A plan (given for tuning, or planned) covers the batch: partitions span max_seq_len, tiles max_query_len."""
+    if (
+        plan.partition_size % plan.block_n
+        or plan.num_partitions * plan.partition_size < max_seq_len
+        or plan.num_q_tiles * plan.block_q < max_query_len
+        or plan.block_d < shape.head_dim
+        or plan.block_g < shape.num_q_heads // shape.num_kv_heads
+        or (plan.is_split and not shape.is_decode)
+    ):
+        raise ValueError(f"inconsistent attention plan {plan} for max_seq_len {max_seq_len}")
+
+
 def paged_attention(
     query,
     key_cache,
@@ -460,44 +527,13 @@ def paged_attention(
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     """
-    if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
-        raise ValueError(
-            f"expected query [T, Hq, D] and caches [num_blocks, block_size, Hkv, D], got "
-            f"{tuple(query.shape)}, {tuple(key_cache.shape)}, {tuple(value_cache.shape)}"
-        )
-    num_tokens, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
-    if cache_head_dim != head_dim or num_q_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"head_dim {head_dim} vs cache {cache_head_dim}, or Hq {num_q_heads} not a multiple of Hkv {num_kv_heads}"
-        )
-    check_dtype("query", query, FLOAT_DTYPES)
-    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
-        raise TypeError(f"cache dtypes {key_cache.dtype}/{value_cache.dtype} differ from query dtype {query.dtype}")
-    if query.stride(-1) != 1 or not key_cache.is_contiguous() or not value_cache.is_contiguous():
-        raise ValueError("query must be contiguous in head_dim and the caches contiguous")
-    num_seqs = seq_lens.shape[0]
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.dtype != torch.int32:
-        raise ValueError(
-            f"block_tables must be [{num_seqs}, max_blocks] int32, got {tuple(block_tables.shape)} {block_tables.dtype}"
-        )
-    if seq_lens.dtype != torch.int32:
-        raise TypeError(f"seq_lens must be int32, got {seq_lens.dtype}")
-    if window is not None and window < 1:
-        raise ValueError(f"a sliding window holds at least one key, got {window}")
-    is_decode = query_start_loc is None
+    shape = _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, window)
+    num_tokens, num_q_heads, head_dim = shape.num_tokens, shape.num_q_heads, shape.head_dim
+    num_kv_heads, num_seqs, is_decode = shape.num_kv_heads, shape.num_seqs, shape.is_decode
+    block_size = shape.block_size
     if is_decode:
-        if num_tokens != num_seqs:
-            raise ValueError(f"decode needs one query token per sequence: {num_tokens} tokens, {num_seqs} sequences")
         max_query_len = 1
         query_start_loc = seq_lens  # unused by the decode kernel
-    elif query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
-        raise ValueError(
-            f"query_start_loc must be [{num_seqs + 1}] int32, got {tuple(query_start_loc.shape)} {query_start_loc.dtype}"
-        )
-    check_same_device(
-        query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables, seq_lens=seq_lens
-    )
     block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=query.dtype, device=query.device)
     if num_tokens == 0:
@@ -517,15 +553,7 @@ def paged_attention(
         num_sms=_num_sms(query.device),
     )
     num_partitions, is_split = plan.num_partitions, plan.is_split
-    if (
-        plan.partition_size % plan.block_n
-        or num_partitions * plan.partition_size < max_seq_len
-        or plan.num_q_tiles * plan.block_q < max_query_len
-        or plan.block_d < head_dim
-        or plan.block_g < num_q_heads // num_kv_heads
-        or (is_split and not is_decode)
-    ):
-        raise ValueError(f"inconsistent attention plan {plan} for max_seq_len {max_seq_len}")
+    _check_plan(plan, shape, max_query_len, max_seq_len)
     if is_split:
         part_out = torch.empty(
             (num_tokens, num_q_heads, num_partitions, head_dim), dtype=torch.float32, device=query.device
