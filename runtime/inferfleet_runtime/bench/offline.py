@@ -220,6 +220,7 @@ def compiled_engine_dir(model_dir: Path, args) -> tuple[Path | None, str]:
             ",".join(map(str, envelope.decode_buckets)),
             "--prefill-buckets",
             ",".join(map(str, envelope.prefill_buckets)),
+            "--keep-existing",  # this user's own cache: an intact engine of the key is reused
         ]
     )
     if code != 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from inferfleet_runtime.checkpoints.errors import CheckpointError
 from inferfleet_runtime.layers.quantized import QuantizedLinear
 
 INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 _PARTS = ("weight_packed", "weight", "weight_scale", "weight_zero_point", "weight_shape")
 
 
-class CompressedCheckpointError(ValueError):
+class CompressedCheckpointError(CheckpointError):
     """A compressed-tensors checkpoint this runtime cannot read (one line naming what)."""
 
 
@@ -50,36 +52,61 @@ def scheme_of_dir(model_dir: Path) -> IntScheme | None:
 
 
 def read_scheme(quantization: dict) -> IntScheme:
-    """The weight scheme of a compressed-tensors quantization_config; CompressedCheckpointError for anything else."""
-    fmt = quantization.get("format")
-    groups = list((quantization.get("config_groups") or {}).values())
+    """The weight scheme of a compressed-tensors quantization_config; CompressedCheckpointError naming the field for
+    a scheme not read or a malformed one (wrong types, missing keys)."""
+    quantization = _object(quantization, "quantization_config")
+    fmt, method = quantization.get("format"), quantization.get("quant_method")
+    groups = _object(quantization.get("config_groups", {}), "quantization_config.config_groups")
     formats = (*INT_FORMATS, FLOAT_FORMAT)
-    if quantization.get("quant_method") != "compressed-tensors" or fmt not in formats or len(groups) != 1:
+    if method != "compressed-tensors" or fmt not in formats or len(groups) != 1:
         raise CompressedCheckpointError(
-            f"quantization_config {quantization.get('quant_method')!r} format {fmt!r} with {len(groups)} config "
+            f"quantization_config {reprlib.repr(method)} format {reprlib.repr(fmt)} with {len(groups)} config "
             f"group(s) is not read (read: compressed-tensors {', '.join(formats)} with one config group)"
         )
-    weights = groups[0].get("weights") or {}
-    bits, strategy = weights.get("num_bits"), weights.get("strategy")
-    if groups[0].get("input_activations"):
+    [(group_name, group)] = groups.items()
+    where = f"quantization_config.config_groups.{group_name}"
+    group = _object(group, where)
+    if group.get("input_activations"):
         raise CompressedCheckpointError("compressed-tensors activation quantization is not read (weights only)")
+    weights = _object(group.get("weights"), f"{where}.weights")
+    kind, bits, strategy = weights.get("type"), weights.get("num_bits"), weights.get("strategy")
+    if bits is not None and type(bits) is not int:  # 8.0 == 8, but a float is no bit count
+        raise _malformed(f"{where}.weights.num_bits", bits, "an integer")
+    ignore = quantization.get("ignore") or []
+    if not isinstance(ignore, list) or not all(type(name) is str for name in ignore):
+        raise _malformed("quantization_config.ignore", ignore, "a list of module names")
     if fmt == FLOAT_FORMAT:
-        if weights.get("type") != "float" or bits != 8 or strategy not in ("tensor", "channel"):
+        if kind != "float" or bits != 8 or strategy not in ("tensor", "channel"):
             raise CompressedCheckpointError(
-                f"compressed-tensors {fmt} weights of type {weights.get('type')!r}, {bits} bits, strategy "
-                f"{strategy!r} are not read (read: float, 8 bits, tensor or channel)"
+                f"compressed-tensors {fmt} weights of type {reprlib.repr(kind)}, {reprlib.repr(bits)} bits, strategy "
+                f"{reprlib.repr(strategy)} are not read (read: float, 8 bits, tensor or channel)"
             )
-        return IntScheme(fmt, 8, None, True, tuple(quantization.get("ignore") or ()), is_float=True)
+        return IntScheme(fmt, 8, None, True, tuple(ignore), is_float=True)
     wanted_bits = 4 if fmt == "pack-quantized" else 8
-    if weights.get("type") != "int" or bits != wanted_bits or strategy not in ("channel", "group"):
+    if kind != "int" or bits != wanted_bits or strategy not in ("channel", "group"):
         raise CompressedCheckpointError(
-            f"compressed-tensors {fmt} weights of type {weights.get('type')!r}, {bits} bits, strategy {strategy!r} "
-            f"are not read (read: int, {wanted_bits} bits, channel or group)"
+            f"compressed-tensors {fmt} weights of type {reprlib.repr(kind)}, {reprlib.repr(bits)} bits, strategy "
+            f"{reprlib.repr(strategy)} are not read (read: int, {wanted_bits} bits, channel or group)"
         )
-    return IntScheme(
-        fmt, bits, weights.get("group_size") if strategy == "group" else None, bool(weights.get("symmetric", True)),
-        tuple(quantization.get("ignore") or ()),
-    )  # fmt: skip
+    group_size = weights.get("group_size") if strategy == "group" else None
+    if strategy == "group" and (type(group_size) is not int or group_size < 1):
+        raise _malformed(f"{where}.weights.group_size", group_size, "a positive integer (strategy group)")
+    symmetric = weights.get("symmetric", True)
+    if type(symmetric) is not bool:
+        raise _malformed(f"{where}.weights.symmetric", symmetric, "true or false")
+    return IntScheme(fmt, bits, group_size, symmetric, tuple(ignore))
+
+
+def _object(value, field: str) -> dict:
+    if value is None:
+        raise CompressedCheckpointError(f"{field} is missing")
+    if not isinstance(value, dict):
+        raise _malformed(field, value, "a JSON object")
+    return value
+
+
+def _malformed(field: str, value, wanted: str) -> CompressedCheckpointError:
+    return CompressedCheckpointError(f"{field} is {reprlib.repr(value)}, not {wanted}")
 
 
 def replace_linears(model: nn.Module, scheme: IntScheme, dtype: torch.dtype, keep_float8: bool = False) -> int:

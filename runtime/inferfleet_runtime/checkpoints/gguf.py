@@ -16,16 +16,21 @@ Layout facts this module relies on (GGUF spec, llama.cpp's converter):
 from __future__ import annotations
 
 import logging
+import math
+import reprlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import jinja2
 import numpy as np
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from inferfleet_runtime.checkpoints.gguf_format import GGUFError, read_gguf
 from inferfleet_runtime.checkpoints.tokenizer import Tokenizer
+from inferfleet_runtime.fetch.content_digest import is_left_out
 
 if TYPE_CHECKING:  # torch loads on first use: `serve` checks its --model with find_gguf before uvicorn starts
     import torch
@@ -33,10 +38,6 @@ if TYPE_CHECKING:  # torch loads on first use: `serve` checks its --model with f
     from inferfleet_runtime.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
-
-
-class GGUFError(ValueError):
-    """A GGUF file is unreadable, or describes a model or tokenizer this runtime cannot load."""
 
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -72,19 +73,37 @@ TENSOR_NAMES = {
     "blk.{n}.ffn_up.weight": "model.layers.{n}.mlp.up_proj.weight",
     "blk.{n}.ffn_down.weight": "model.layers.{n}.mlp.down_proj.weight",
 }
+# GGUF name -> its HF shape [out, in] in named sizes (GGUFCheckpoint._check_shapes).
+TENSOR_DIMS = {
+    "token_embd.weight": ("vocab", "hidden"),
+    "output_norm.weight": ("hidden",),
+    "output.weight": ("vocab", "hidden"),
+    "blk.{n}.attn_norm.weight": ("hidden",),
+    "blk.{n}.attn_q.weight": ("q", "hidden"),
+    "blk.{n}.attn_k.weight": ("kv", "hidden"),
+    "blk.{n}.attn_v.weight": ("kv", "hidden"),
+    "blk.{n}.attn_output.weight": ("hidden", "q"),
+    "blk.{n}.ffn_norm.weight": ("hidden",),
+    "blk.{n}.ffn_gate.weight": ("mlp", "hidden"),
+    "blk.{n}.ffn_up.weight": ("mlp", "hidden"),
+    "blk.{n}.ffn_down.weight": ("hidden", "mlp"),
+}
 
 
 def find_gguf(path: str | Path) -> Path | None:
     """The GGUF file that `path` names: itself if it is a .gguf file, or the one .gguf in a directory without a
-    config.json; None when `path` is something else (a Hugging Face checkpoint directory)."""
+    config.json (hidden ones aside, as the content digest leaves them out; one linking out of the directory is
+    refused); None when `path` is something else (a Hugging Face checkpoint directory)."""
     path = Path(path)
     if path.is_file():
         return path if path.suffix == ".gguf" else None
     if not path.is_dir() or (path / "config.json").is_file():
         return None
-    found = sorted(path.glob("*.gguf"))
+    found = sorted(p for p in path.glob("*.gguf") if not is_left_out(Path(p.name)))  # as the content digest counts
     if len(found) > 1:
         raise GGUFError(f"{path} holds {len(found)} .gguf files ({', '.join(p.name for p in found)}); name one")
+    if found and not found[0].resolve().is_relative_to(path.resolve()):
+        raise GGUFError(f"{path}: {found[0].name} links to {found[0].resolve()}, outside the model folder")
     return found[0] if found else None
 
 
@@ -107,35 +126,30 @@ def load_gguf(
     """(config, tokenizer, weights) for a GGUF file; the config is named after the file's stem and its dtype is
     `dtype` (float32 when unset, whatever the file stores); the weights are read lazily, with the decoder's Q8_0,
     Q4_0 and Q4_1 linears kept quantized when keep_quantized (GGUFWeights.kept says which)."""
+    from inferfleet_runtime.model_config import ConfigError
     from inferfleet_runtime.models import read_config
 
     checkpoint = GGUFCheckpoint(path)
-    config = read_config(checkpoint.hf_config(), name=checkpoint.path.stem, dtype=dtype)
+    try:
+        config = read_config(checkpoint.hf_config(), name=checkpoint.path.stem, dtype=dtype)
+    except ConfigError as exc:
+        raise GGUFError(f"{checkpoint.path.name}: its metadata describes no model this runtime serves: {exc}") from exc
     tokenizer = checkpoint.tokenizer(extra_eos_token_ids=config.eos_token_ids)
     return config, tokenizer, GGUFWeights(checkpoint, config, keep_quantized)
 
 
 class GGUFCheckpoint:
-    """One opened GGUF file: its metadata as plain values, and its tensors on demand."""
+    """One opened GGUF file: its metadata as plain values, and its tensors on demand. Every value the model and the
+    tokenizer are built from is checked (type, range, and the shapes the file's tensors really have) first, so a bad
+    file ends in a GGUFError naming the key or tensor."""
 
     def __init__(self, path: str | Path):
-        try:
-            import gguf
-        except ImportError:
-            raise GGUFError("reading a GGUF file needs the gguf package (pip install gguf)") from None
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise GGUFError(f"{self.path} is not a GGUF file (it does not start with the GGUF magic)")
-        try:
-            self._reader = gguf.GGUFReader(str(self.path))
-        except Exception as exc:  # the reader raises ValueError, IndexError, ... on a cut or damaged file
-            raise GGUFError(f"{self.path} is not a readable GGUF file (truncated or damaged?): {exc}") from exc
-        self.metadata = {name: field_value(field) for name, field in self._reader.fields.items()}
+        self.metadata, self.tensors = read_gguf(self.path)
         self.architecture = self.metadata.get("general.architecture")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise GGUFError(
-                f"{self.path.name}: GGUF architecture {self.architecture!r} is not supported "
+                f"{self.path.name}: GGUF architecture {reprlib.repr(self.architecture)} is not supported "
                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
 
@@ -145,39 +159,114 @@ class GGUFCheckpoint:
             raise GGUFError(f"{self.path.name} lacks the metadata key {self.architecture}.{key}")
         return value
 
+    def _refuse(self, key: str, value, wanted: str) -> GGUFError:
+        return GGUFError(f"{self.path.name}: metadata {key} is {reprlib.repr(value)}, not {wanted}")
+
+    def _int(self, key: str, default: int | None = None) -> int:
+        """The architecture's positive integer `key`."""
+        value = self._get(key, default)
+        if type(value) is not int or value < 1:
+            raise self._refuse(f"{self.architecture}.{key}", value, "a positive integer")
+        return value
+
+    def _float(self, key: str, default: float | None = None) -> float:
+        """The architecture's positive finite number `key`."""
+        value = self._get(key, default)
+        if type(value) not in (int, float) or not 0 < value < math.inf:
+            raise self._refuse(f"{self.architecture}.{key}", value, "a positive number")
+        return float(value)
+
+    def _checked(self, key: str, is_valid, wanted: str, default=None):
+        """metadata[key], or default when absent; GGUFError naming the key when is_valid(value) is false."""
+        value = self.metadata.get(key, default)
+        if not is_valid(value):
+            raise self._refuse(key, value, wanted)
+        return value
+
+    def _tokens(self) -> list[str]:
+        if "tokenizer.ggml.tokens" not in self.metadata:
+            raise GGUFError(f"{self.path.name} lacks the metadata key tokenizer.ggml.tokens (its vocabulary)")
+        return self._checked(
+            "tokenizer.ggml.tokens",
+            lambda v: isinstance(v, list) and all(type(t) is str for t in v),
+            "a list of strings",
+        )
+
+    def _token_id(self, key: str, num_tokens: int) -> int | None:
+        return self._checked(
+            key, lambda v: v is None or type(v) is int and 0 <= v < num_tokens, f"a token id < {num_tokens}"
+        )
+
     def hf_config(self) -> dict:
         """The Hugging Face config.json this file's metadata stands for."""
-        hidden_size, num_heads = int(self._get("embedding_length")), int(self._get("attention.head_count"))
-        head_dim = int(self._get("attention.key_length", hidden_size // num_heads))
-        rope_dim = int(self._get("rope.dimension_count", head_dim))
+        hidden_size, num_heads = self._int("embedding_length"), self._int("attention.head_count")
+        if f"{self.architecture}.attention.key_length" not in self.metadata and hidden_size % num_heads:
+            raise self._refuse(f"{self.architecture}.attention.head_count", num_heads, f"a divisor of {hidden_size}")
+        head_dim = self._int("attention.key_length", hidden_size // num_heads)
+        if head_dim % 2:
+            raise self._refuse(f"{self.architecture}.attention.key_length", head_dim, "even (RoPE rotates pairs)")
+        rope_dim = self._int("rope.dimension_count", head_dim)
         if rope_dim != head_dim:
             raise GGUFError(f"{self.path.name}: partial RoPE ({rope_dim} of {head_dim} dims) is not supported")
-        tensor_names = {t.name for t in self._reader.tensors}
+        tensor_names = {t.name for t in self.tensors}
         if "rope_freqs.weight" in tensor_names:
             raise GGUFError(f"{self.path.name}: per-frequency RoPE factors (rope_freqs) are not supported")
-        tokens = self.metadata.get("tokenizer.ggml.tokens") or []
+        tokens = self._tokens()
         hf = {
             "model_type": "llama",
-            "vocab_size": int(self.metadata.get(f"{self.architecture}.vocab_size") or len(tokens)),
+            "vocab_size": self._int("vocab_size", len(tokens) or None),
             "hidden_size": hidden_size,
-            "intermediate_size": int(self._get("feed_forward_length")),
-            "num_hidden_layers": int(self._get("block_count")),
+            "intermediate_size": self._int("feed_forward_length"),
+            "num_hidden_layers": self._int("block_count"),
             "num_attention_heads": num_heads,
-            "num_key_value_heads": int(self._get("attention.head_count_kv", num_heads)),
+            "num_key_value_heads": self._int("attention.head_count_kv", num_heads),
             "head_dim": head_dim,
-            "max_position_embeddings": int(self._get("context_length", 2048)),
-            "rms_norm_eps": float(self._get("attention.layer_norm_rms_epsilon", 1e-5)),
-            "rope_theta": float(self._get("rope.freq_base", 10000.0)),
+            "max_position_embeddings": self._int("context_length", 2048),
+            "rms_norm_eps": self._float("attention.layer_norm_rms_epsilon", 1e-5),
+            "rope_theta": self._float("rope.freq_base", 10000.0),
             "tie_word_embeddings": "output.weight" not in tensor_names,
-            "bos_token_id": self.metadata.get("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": self.metadata.get("tokenizer.ggml.eos_token_id"),
+            "bos_token_id": self._token_id("tokenizer.ggml.bos_token_id", len(tokens)),
+            "eos_token_id": self._token_id("tokenizer.ggml.eos_token_id", len(tokens)),
         }
         scaling = self.metadata.get(f"{self.architecture}.rope.scaling.type")
         if scaling == "linear":
-            hf["rope_scaling"] = {"rope_type": "linear", "factor": float(self._get("rope.scaling.factor"))}
+            hf["rope_scaling"] = {"rope_type": "linear", "factor": self._float("rope.scaling.factor")}
         elif scaling not in (None, "none"):
-            raise GGUFError(f"{self.path.name}: RoPE scaling {scaling!r} is not supported (supported: linear)")
+            raise GGUFError(
+                f"{self.path.name}: RoPE scaling {reprlib.repr(scaling)} is not supported (supported: linear)"
+            )
+        self._check_shapes(hf)
         return hf
+
+    def _check_shapes(self, hf: dict) -> None:
+        """Every tensor a Llama of this metadata needs is in the file, with the shape the metadata implies: so every
+        size the model is built with is bounded by the file's own size."""
+        num_layers = hf["num_hidden_layers"]
+        if num_layers > len(self.tensors):
+            raise self._refuse(f"{self.architecture}.block_count", num_layers, f"<= its {len(self.tensors)} tensors")
+        q, kv = hf["num_attention_heads"] * hf["head_dim"], hf["num_key_value_heads"] * hf["head_dim"]
+        sizes = {  # size -> (value, the metadata keys it comes from)
+            "vocab": (hf["vocab_size"], "vocab_size (or the token count)"),
+            "hidden": (hf["hidden_size"], "embedding_length"),
+            "q": (q, "attention.head_count x key_length"),
+            "kv": (kv, "attention.head_count_kv x key_length"),
+            "mlp": (hf["intermediate_size"], "feed_forward_length"),
+        }
+        by_name = {t.name: t for t in self.tensors}
+        for template, dims in TENSOR_DIMS.items():
+            for n in range(num_layers) if "{n}" in template else [None]:
+                name = template.format(n=n)
+                if name not in by_name:
+                    if name == "output.weight":  # tied to the token embedding
+                        continue
+                    raise GGUFError(f"{self.path.name} lacks tensor {name!r} of its {num_layers}-layer Llama")
+                shape = list(reversed(by_name[name].shape))
+                expected = [sizes[d][0] for d in dims]
+                if shape != expected:
+                    keys = ", ".join(f"{self.architecture}.{sizes[d][1]}" for d in dims)
+                    raise GGUFError(
+                        f"{self.path.name}: tensor {name!r} has shape {shape}, its metadata ({keys}) implies {expected}"
+                    )
 
     def tokenizer(self, extra_eos_token_ids: list[int] = ()) -> Tokenizer:
         """The byte-level BPE tokenizer the file describes, with its special tokens and chat template."""
@@ -185,20 +274,30 @@ class GGUFCheckpoint:
         model = meta.get("tokenizer.ggml.model")
         if model not in SUPPORTED_TOKENIZER_MODELS:
             raise GGUFError(
-                f"{self.path.name}: tokenizer model {model!r} is not supported "
+                f"{self.path.name}: tokenizer model {reprlib.repr(model)} is not supported "
                 f"(supported: {', '.join(SUPPORTED_TOKENIZER_MODELS)}, i.e. byte-level BPE)"
             )
         pre = meta.get("tokenizer.ggml.pre", "default")
         if pre not in BYTE_LEVEL_PRE_TOKENIZERS:
             raise GGUFError(
-                f"{self.path.name}: pre-tokenizer {pre!r} is not supported "
+                f"{self.path.name}: pre-tokenizer {reprlib.repr(pre)} is not supported "
                 f"(supported: {', '.join(BYTE_LEVEL_PRE_TOKENIZERS)})"
             )
-        tokens = meta["tokenizer.ggml.tokens"]
-        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        backend = byte_level_bpe(tokens, types, meta.get("tokenizer.ggml.merges") or [])
-        special = {
-            name: tokens[meta[key]] if meta.get(key) is not None else None
+        tokens = self._tokens()
+        types = self._checked(
+            "tokenizer.ggml.token_type",
+            lambda v: isinstance(v, list) and len(v) == len(tokens) and all(type(t) is int for t in v),
+            f"a list of {len(tokens)} integers (one per token)",
+            [1] * len(tokens),
+        )
+        merges = self._checked(
+            "tokenizer.ggml.merges",
+            lambda v: isinstance(v, list) and all(type(m) is str and " " in m for m in v),
+            "a list of merges (two tokens and a space)",
+            [],
+        )
+        ids = {
+            name: self._token_id(key, len(tokens))
             for name, key in (
                 ("bos_token", "tokenizer.ggml.bos_token_id"),
                 ("eos_token", "tokenizer.ggml.eos_token_id"),
@@ -206,20 +305,30 @@ class GGUFCheckpoint:
                 ("pad_token", "tokenizer.ggml.padding_token_id"),
             )
         }
-        bos = special["bos_token"]
-        if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
-            backend.post_processor = processors.TemplateProcessing(
-                single=f"{bos}:0 $A:0",
-                pair=f"{bos}:0 $A:0 $B:1",
-                special_tokens=[(bos, meta["tokenizer.ggml.bos_token_id"])],
-            )
-        return Tokenizer(backend, special, meta.get("tokenizer.chat_template"), extra_eos_token_ids)
+        special = {name: None if i is None else tokens[i] for name, i in ids.items()}
+        add_bos = self._checked("tokenizer.ggml.add_bos_token", lambda v: type(v) is bool, "true or false", False)
+        template = self._checked("tokenizer.chat_template", lambda v: v is None or type(v) is str, "a string")
+        try:
+            backend = byte_level_bpe(tokens, types, merges)
+            bos = special["bos_token"]
+            if add_bos and bos is not None:
+                backend.post_processor = processors.TemplateProcessing(
+                    single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, ids["bos_token"])]
+                )
+        except Exception as exc:  # tokenizers raises bare Exceptions (a merge of tokens outside the vocabulary)
+            raise GGUFError(
+                f"{self.path.name}: metadata tokenizer.ggml.merges and special tokens do not fit the vocabulary: {exc}"
+            ) from exc
+        try:
+            return Tokenizer(backend, special, template, extra_eos_token_ids)
+        except jinja2.TemplateError as exc:
+            raise GGUFError(f"{self.path.name}: metadata tokenizer.chat_template is no Jinja template: {exc}") from exc
 
     def kept_quantized(self, num_layers: int) -> dict[str, tuple[int, bool]]:
         """The runtime linears whose GGUF tensors (every part, for a fused one) share one type of KEPT_TYPES:
         module name -> (bits, has offsets)."""
         types: dict[str, set[str]] = {}
-        for tensor in self._reader.tensors:
+        for tensor in self.tensors:
             parts = tensor.name.split(".")
             if len(parts) != 4 or parts[0] != "blk" or parts[3] != "weight" or not parts[1].isdigit():
                 continue
@@ -239,7 +348,7 @@ class GGUFCheckpoint:
         return kept
 
     def _head_tensor(self):
-        by_name = {t.name: t for t in self._reader.tensors}
+        by_name = {t.name: t for t in self.tensors}
         return by_name.get("output.weight", by_name.get("token_embd.weight"))
 
     def weights(
@@ -255,7 +364,7 @@ class GGUFCheckpoint:
         names = _hf_names(config.num_layers)
         head = self._head_tensor() if kept and "lm_head" in kept else None
         dequantized: Counter[str] = Counter()
-        for tensor in self._reader.tensors:
+        for tensor in self.tensors:
             if tensor.name not in names:
                 raise GGUFError(f"{self.path.name}: tensor {tensor.name!r} has no place in a Llama")
             qtype = tensor.tensor_type.name
@@ -280,7 +389,12 @@ class GGUFCheckpoint:
             if qtype in PASS_THROUGH_TYPES:
                 array = np.asarray(tensor.data)
             else:
-                array = dequantize(tensor.data, tensor.tensor_type)
+                try:
+                    array = dequantize(tensor.data, tensor.tensor_type)
+                except NotImplementedError:
+                    raise GGUFError(
+                        f"{self.path.name}: tensor {tensor.name!r} of type {qtype} cannot be decoded"
+                    ) from None
                 if qtype != "BF16":
                     dequantized[qtype] += 1
             array = array.reshape(shape)
@@ -405,20 +519,3 @@ def _hf_names(num_layers: int) -> dict[str, str]:
         for n in range(num_layers) if "{n}" in gguf_name else [None]:
             names[gguf_name.format(n=n)] = hf_name.format(n=n)
     return names
-
-
-def field_value(field):
-    """A metadata field as a Python value: str, int, float, bool, or a list of those."""
-    import gguf
-
-    def scalar(kind, part):
-        if kind == gguf.GGUFValueType.STRING:
-            return bytes(part).decode("utf-8", errors="replace")
-        return part.tolist()[0]
-
-    kinds = field.types
-    if not kinds:
-        return None
-    if kinds[0] == gguf.GGUFValueType.ARRAY:
-        return [scalar(kinds[-1], field.parts[i]) for i in field.data]
-    return scalar(kinds[0], field.parts[field.data[0]])

@@ -13,9 +13,11 @@ import torch
 from safetensors import safe_open
 
 from inferfleet_runtime.checkpoints.compressed_tensors import convert_weights, replace_linears, scheme_of_dir
+from inferfleet_runtime.checkpoints.errors import CheckpointError  # every reader's errors are CheckpointErrors
 from inferfleet_runtime.checkpoints.gguf import find_gguf, load_gguf, replace_gguf_linears
 from inferfleet_runtime.checkpoints.tokenizer import Tokenizer
 from inferfleet_runtime.device import pick_device
+from inferfleet_runtime.fetch.content_digest import is_left_out
 from inferfleet_runtime.kernels import get_ops
 from inferfleet_runtime.layers import moe
 from inferfleet_runtime.layers.parallel import TensorParallel, local_config, parallelize, shard_weights
@@ -39,10 +41,6 @@ _FUSED = {
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint's weight files are missing, incomplete or do not match its config."""
 
 
 @dataclass
@@ -137,22 +135,46 @@ def release_freed_memory() -> None:
 
 
 def read_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of model.safetensors or the shards listed in its index."""
-    index_path = model_dir / "model.safetensors.index.json"
-    if index_path.is_file():
-        weight_map = json.loads(index_path.read_text())["weight_map"]
-        files = sorted(set(weight_map.values()))
-    else:
-        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{model_dir} has no *.safetensors weights")
-    for name in files:
-        path = model_dir / name
-        if not path.is_file():
-            raise CheckpointError(f"{model_dir} lacks shard {name} named in its index")
+    """(name, tensor) for every tensor of the weight files (safetensors_files)."""
+    for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():
                 yield key, f.get_tensor(key)
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files: the shards model.safetensors.index.json names, else every *.safetensors file. Only files
+    the model's content digest covers (fetch.content_digest): each a file name in model_dir, neither hidden nor a
+    `.part` download (such a file beside the weights is no weight file), and no link out of model_dir."""
+    index_path = model_dir / "model.safetensors.index.json"
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text()).get("weight_map")
+        except (ValueError, AttributeError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(type(name) is str for name in weight_map.values()):
+            raise CheckpointError(f"{index_path} holds no weight_map of tensor names to shard file names")
+        names = sorted(set(weight_map.values()))
+    else:
+        names = sorted(p.name for p in model_dir.glob("*.safetensors") if not is_left_out(Path(p.name)))
+    if not names:
+        raise CheckpointError(f"{model_dir} has no *.safetensors weights")
+    root, files = model_dir.resolve(), []
+    for name in names:
+        if not name or Path(name).name != name:  # "../x", "/x", "sub/x"
+            raise CheckpointError(f"{index_path} names shard {name!r}, which is no file name in the model folder")
+        if is_left_out(Path(name)):
+            raise CheckpointError(
+                f"{index_path} names shard {name!r}, a hidden file or a partial download: not part of the model "
+                "(its content digest leaves such files out)"
+            )
+        path = model_dir / name
+        if not path.is_file():
+            raise CheckpointError(f"{model_dir} lacks shard {name} named in its index")
+        if not path.resolve().is_relative_to(root):
+            raise CheckpointError(f"{model_dir}: shard {name} links to {path.resolve()}, outside the model folder")
+        files.append(path)
+    return files
 
 
 @torch.no_grad()

@@ -1,10 +1,12 @@
 """`inferfleet-runtime compile`: build a compiled engine directory for an envelope (exit 2 bad input, 1 failed build).
 
 Progress goes to stdout as `progress stage=<stage> percent=<0..100>` lines; the last line on success is
-`built engine=<key> dir=<out> seconds=<s>`. In a Kubernetes container (where the kubelet provides
-/dev/termination-log, or $INFERFLEET_TERMINATION_LOG names a file) the result is also written there for
-the operator: a JSON object ({"artifactSizeBytes": ..., "modelDigest": ...}) on success, the one error line on
-failure. With --content-addressed the engine goes to OUT/<model digest> (inferfleet_runtime.fetch.content_digest).
+`built engine=<key> dir=<out> seconds=<s> digest=<engine digest>`. In a Kubernetes container (where the kubelet
+provides /dev/termination-log, or $INFERFLEET_TERMINATION_LOG names a file) the result is also written there for
+the operator: a JSON object ({"artifactSizeBytes": ..., "modelDigest": ..., "engineDigest": ...}) on success, the
+one error line on failure. With --content-addressed the engine goes to OUT/<model digest>
+(inferfleet_runtime.fetch.content_digest). An engine already at the output is rebuilt unless --engine-digest names
+it or --keep-existing is given; the engine digest (manifest.engine_digest) is what serving pods are told to load.
 """
 
 from __future__ import annotations
@@ -67,6 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the engine to OUT/<digest of the model's content manifest> (names, sizes, sha256, hub commit)",
     )
     parser.add_argument("--device", default=None, help="torch device to build on (default: the first GPU, else cpu)")
+    keep = parser.add_mutually_exclusive_group()
+    keep.add_argument(
+        "--engine-digest",
+        type=_digest,
+        default=None,
+        metavar="DIGEST",
+        help="keep an engine already at the output only when it is this one (sha256:..., the digest its EngineBuild "
+        "recorded) and intact; without this or --keep-existing an engine found there is rebuilt",
+    )
+    keep.add_argument(
+        "--keep-existing",
+        action="store_true",
+        help="keep an intact engine of the key already at the output whatever its digest (an engine cache shared "
+        "across namespaces by an administrator's choice)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .backends import BackendUnavailable, get_backend
     from .export import build_engine
-    from .manifest import device_architecture, normalize_architecture
+    from .manifest import device_architecture, engine_digest, normalize_architecture
 
     model_dir, out_dir = Path(args.model), Path(args.out)
     if not (model_dir / "config.json").is_file():
@@ -127,12 +144,25 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         manifest = build_engine(
-            model_dir, out_dir, envelope, backend, device, args.engine_key, progress, model_digest, model_commit
+            model_dir,
+            out_dir,
+            envelope,
+            backend,
+            device,
+            args.engine_key,
+            progress,
+            model_digest,
+            model_commit,
+            keep_digest=args.engine_digest or "",
+            keep_existing=args.keep_existing,
         )
     except Exception as exc:  # the build itself failed: say why in one line, keep the trace for the Job's log
         traceback.print_exc(file=sys.stderr)
         return _fail(f"build failed: {type(exc).__name__}: {exc}", code=1)
-    print(f"built engine={manifest.engine_key} dir={out_dir} seconds={manifest.build_seconds}", flush=True)
+    digest = engine_digest(manifest)
+    print(
+        f"built engine={manifest.engine_key} dir={out_dir} seconds={manifest.build_seconds} digest={digest}", flush=True
+    )
     _write_termination_log(
         json.dumps(
             {
@@ -144,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
                 "targetArchitecture": manifest.target_architecture,
                 "modelDigest": model_digest,
                 "modelCommit": model_commit,
+                "engineDigest": digest,
             }
         )
     )
@@ -155,6 +186,14 @@ def _buckets(text: str) -> tuple[int, ...]:
         return parse_buckets(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _digest(text: str) -> str:
+    from .manifest import DIGEST_PATTERN
+
+    if not DIGEST_PATTERN.match(text):
+        raise argparse.ArgumentTypeError(f"expected sha256:<64 lowercase hex digits>, got {text!r}")
+    return text
 
 
 def _fail(message: str, code: int = 2) -> int:

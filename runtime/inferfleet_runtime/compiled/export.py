@@ -6,6 +6,8 @@ Layout of an engine directory:
     graphs/decode-b{N}     one graph per decode bucket (batch size N, one new token each)
     graphs/prefill-l{N}    one graph per prefill bucket (one sequence, a chunk of up to N tokens)
 The directory is written under a temporary name and renamed at the end, so a reader never sees half an engine.
+An engine already at the output is kept only when someone vouches for it (the digest its EngineBuild recorded, or
+an administrator who shares the cache): a folder anyone of the cache's writers could have filled is rebuilt.
 """
 
 from __future__ import annotations
@@ -84,16 +86,19 @@ def build_engine(
     progress: Progress = lambda stage, percent: None,
     model_digest: str = "",
     model_commit: str = "",
+    keep_digest: str = "",
+    keep_existing: bool = False,
 ) -> Manifest:
-    """Builds the engine into out_dir (kept as is when it already holds an engine with this key). model_digest and
-    model_commit (model_content) are recorded in the manifest."""
+    """Builds the engine into out_dir. An intact engine of this key already there is kept when it is the engine of
+    keep_digest, or any with keep_existing; otherwise it is replaced. model_digest and model_commit (model_content)
+    are recorded in the manifest."""
     backend = get_backend(backend_name)
     backend.check_available(device)
     architecture = device_architecture(device)
     engine_key = engine_key or default_engine_key(model_dir, envelope, backend_name, architecture)
-    if (out_dir / "manifest.json").is_file():
-        existing = read_manifest(out_dir)
-        if existing.engine_key == engine_key and _is_intact(out_dir, existing):
+    if (keep_digest or keep_existing) and (out_dir / "manifest.json").is_file():
+        existing = _vouched_for(out_dir, engine_key, keep_digest or None)
+        if existing is not None:
             progress("done", 100)
             return existing
     started = time.monotonic()
@@ -147,13 +152,15 @@ def build_engine(
     return manifest
 
 
-def _is_intact(out_dir: Path, manifest: Manifest) -> bool:
-    """An engine kept by a rebuild must still match its checksums: a rebuild after a damaged engine replaces it."""
+def _vouched_for(out_dir: Path, engine_key: str, digest: str | None) -> Manifest | None:
+    """The engine at out_dir when it is of this key, of `digest` (None: any) and still matches its checksums: a
+    rebuild after a damaged, replaced or planted engine replaces it."""
     try:
-        verify_checksums(out_dir, manifest)
+        existing = read_manifest(out_dir, digest)
+        verify_checksums(out_dir, existing)
     except EngineMismatch:
-        return False
-    return True
+        return None
+    return existing if existing.engine_key == engine_key else None
 
 
 def _build_into(

@@ -1,10 +1,18 @@
-"""manifest.json of an engine directory: what was built, for which hardware and versions; the check before serving."""
+"""manifest.json of an engine directory: what was built, for which hardware and versions; the check before serving.
+
+What is trusted: the engine digest (engine_digest, sha256 over the manifest's canonical JSON), which the compile Job
+reports and the operator keeps in the EngineBuild's status. The manifest names every file of the directory with its
+sha256, so the digest pins every byte the runtime loads; checksums in the folder alone only show that the folder is
+consistent, not who wrote it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
+import re
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -29,7 +37,11 @@ class EngineMismatch(ValueError):
 
 
 class EngineLost(EngineMismatch):
-    """The engine directory is gone, or an artifact of it is missing or changed since the build: rebuild it."""
+    """The engine directory is gone, or an artifact of it is missing or changed since the build (or the directory
+    holds another engine than the one expected, or files its manifest does not cover): rebuild it."""
+
+
+DIGEST_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")  # engine_digest's form
 
 
 @dataclass
@@ -72,33 +84,86 @@ class Manifest:
         return next(g for g in self.graphs if g.kind == kind and g.bucket == bucket)
 
 
+def engine_digest(manifest: Manifest) -> str:
+    """sha256:<hex> over the manifest's canonical JSON (what write_manifest writes): its checksums cover every other
+    file of the engine, so this one value pins the whole engine."""
+    return "sha256:" + hashlib.sha256(manifest.to_json().encode()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def file_checksums(engine_dir: Path) -> dict[str, str]:
     """sha256 of every file under engine_dir but the manifest, by path relative to it."""
-    sums = {}
-    for path in sorted(p for p in engine_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        sums[path.relative_to(engine_dir).as_posix()] = digest.hexdigest()
-    return sums
+    files = sorted(
+        p for p in engine_dir.rglob("*") if p.is_file() and p.relative_to(engine_dir).as_posix() != MANIFEST_NAME
+    )
+    return {path.relative_to(engine_dir).as_posix(): _sha256(path) for path in files}
+
+
+def artifact_path(engine_dir: str | Path, manifest: Manifest, name: str) -> Path:
+    """engine_dir / name for a file the manifest names, refused (EngineLost) when name is absolute, leaves the
+    directory, or is not one its checksums cover: the runtime loads nothing else."""
+    root = Path(engine_dir)
+    path = root / name
+    relative = Path(name)
+    if (
+        not name
+        or relative.is_absolute()
+        or ".." in relative.parts
+        or not path.resolve().is_relative_to(root.resolve())
+    ):
+        raise EngineLost(
+            f"engine {manifest.engine_key} names {name!r}, outside the engine directory; rebuild the engine"
+        )
+    if name not in manifest.checksums:
+        raise EngineLost(f"engine {manifest.engine_key}: {name} is not covered by its checksums; rebuild the engine")
+    return path
+
+
+def _files_in(engine_dir: Path, manifest: Manifest) -> set[str]:
+    """The files under engine_dir (relative, posix), refusing symlinks: a link's target is outside what was checked."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(engine_dir):  # does not follow links to directories
+        for entry in dirnames + filenames:
+            path = Path(dirpath) / entry
+            name = path.relative_to(engine_dir).as_posix()
+            if path.is_symlink():
+                raise EngineLost(f"engine {manifest.engine_key}: {name} is a symlink; rebuild the engine")
+            if entry in filenames:
+                if not path.is_file():
+                    raise EngineLost(f"engine {manifest.engine_key}: {name} is not a regular file; rebuild the engine")
+                found.add(name)
+    return found
 
 
 def verify_checksums(engine_dir: str | Path, manifest: Manifest) -> None:
-    """Raises EngineMismatch unless every artifact the manifest lists is there with its recorded checksum: a
-    half-written, truncated or replaced file is never loaded (graphs are native code)."""
+    """Raises EngineLost unless the directory holds exactly the files the manifest's checksums list, each with its
+    checksum, every graph among them, none a symlink or outside it: a half-written, truncated, replaced or added
+    file is never loaded (graphs are native code; the model folder is read by listing it). Whether the manifest is
+    the one that was built is engine_digest's question (read_manifest's expected_digest)."""
     engine_dir = Path(engine_dir)
     if not manifest.checksums:
         raise EngineLost(f"engine {manifest.engine_key} lists no artifact checksums; rebuild the engine")
+    present = _files_in(engine_dir, manifest) - {MANIFEST_NAME}
+    for name in sorted(manifest.checksums):
+        artifact_path(engine_dir, manifest, name)
+    for graph in manifest.graphs:
+        artifact_path(engine_dir, manifest, graph.file)
+    uncovered = sorted(present - set(manifest.checksums))
+    if uncovered:
+        raise EngineLost(
+            f"engine {manifest.engine_key}: {uncovered[0]} is not covered by its checksums; rebuild the engine"
+        )
     for name, expected in sorted(manifest.checksums.items()):
-        path = engine_dir / name
-        if ".." in Path(name).parts or Path(name).is_absolute() or not path.is_file():
+        if name not in present:
             raise EngineLost(f"engine {manifest.engine_key} lacks its artifact {name}; rebuild the engine")
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != expected:
+        if _sha256(engine_dir / name) != expected:
             raise EngineLost(
                 f"engine {manifest.engine_key}: {name} does not match its checksum (changed or truncated since the "
                 "build); rebuild the engine"
@@ -109,14 +174,26 @@ def write_manifest(engine_dir: Path, manifest: Manifest) -> None:
     (engine_dir / MANIFEST_NAME).write_text(manifest.to_json())
 
 
-def read_manifest(engine_dir: str | Path) -> Manifest:
+def read_manifest(engine_dir: str | Path, expected_digest: str | None = None) -> Manifest:
+    """The manifest of engine_dir; with expected_digest (the one its EngineBuild recorded), EngineLost unless it is
+    that engine's: an engine put there by anyone else who can write the cache is not loaded."""
     path = Path(engine_dir) / MANIFEST_NAME
     try:
-        return Manifest.from_json(path.read_text())
+        manifest = Manifest.from_json(path.read_text())
     except FileNotFoundError:
         raise EngineLost(f"{engine_dir} is not a compiled engine directory (no {MANIFEST_NAME})") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise EngineMismatch(f"{path} is not a readable engine manifest: {exc}") from None
+    if expected_digest is not None:
+        if not DIGEST_PATTERN.match(expected_digest):
+            raise EngineMismatch(f"expected an engine digest sha256:<64 hex digits>, got {expected_digest!r}")
+        actual = engine_digest(manifest)
+        if actual != expected_digest:
+            raise EngineLost(
+                f"{engine_dir} is not the engine of digest {expected_digest} (its manifest's digest is {actual}): it "
+                "was replaced or changed since the build; rebuild the engine"
+            )
+    return manifest
 
 
 def inferfleet_version() -> str:

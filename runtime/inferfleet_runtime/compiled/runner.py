@@ -2,8 +2,11 @@
 
 Each running sequence owns one slot of the static KV buffer for its whole life; the scheduler and
 block manager still decide what runs (their blocks only count capacity: max_batch_size sequences of
-max_context_length tokens). Per step, one-token rows go through the smallest decode graph that holds
-them (padded), longer rows (prompt chunks) one at a time through the smallest prefill graph that holds
+max_context_length tokens). A slot's life: a sequence claims it when it first runs, or, for a choice forked
+from its parent (n > 1), when it is forked (fork(): the parent's computed prompt is copied while the parent
+still holds its slot, since the parent may finish on that very token); it is released at the next step or fork
+after the sequence finished or was preempted. Per step, one-token rows go through the smallest decode graph
+that holds them (padded), longer rows (prompt chunks) one at a time through the smallest prefill graph that holds
 each piece; the graphs return the new K/V and this module writes them into the slots.
 """
 
@@ -24,7 +27,7 @@ from inferfleet_runtime.worker.sampler import Sampler
 from .backends import get_backend
 from .envelope import bucket_for
 from .export import kv_cache_shape
-from .manifest import Manifest, check_compatible, read_manifest
+from .manifest import Manifest, artifact_path, check_compatible, read_manifest, verify_checksums
 
 
 class CompiledModelRunner:
@@ -34,9 +37,11 @@ class CompiledModelRunner:
         config: EngineConfig,
         device: torch.device | None = None,
         model_name: str | None = None,
+        manifest: Manifest | None = None,
     ):
+        """manifest: the one already read and verified (runner_factory), so the engine loaded is the one checked."""
         engine_dir = Path(engine_dir)
-        self.manifest: Manifest = read_manifest(engine_dir)
+        self.manifest: Manifest = manifest or read_manifest(engine_dir)
         self.device = device or _manifest_device(self.manifest)
         check_compatible(self.manifest, self.device)
         envelope = self.manifest.envelope
@@ -51,7 +56,10 @@ class CompiledModelRunner:
         # Exactly the slots' capacity, so the scheduler never runs more than the envelope holds.
         self.num_kv_blocks = envelope.max_batch_size * -(-envelope.max_context_length // self.block_size)
         backend = get_backend(self.manifest.backend)
-        self.graphs = {(g.kind, g.bucket): backend.load(engine_dir / g.file, self.device) for g in self.manifest.graphs}
+        self.graphs = {
+            (g.kind, g.bucket): backend.load(artifact_path(engine_dir, self.manifest, g.file), self.device)
+            for g in self.manifest.graphs
+        }
         self.kv_cache = torch.zeros(
             kv_cache_shape(model_config, envelope), dtype=model_config.dtype, device=self.device
         )
@@ -66,7 +74,10 @@ class CompiledModelRunner:
             return []
         self._release_done_slots()
         for seq in batch.seqs:
-            self._claim_slot(seq)
+            if seq.seq_id not in self._slot_of:
+                # Only a forked choice starts with computed tokens, and fork() gave it its slot (no prefix caching).
+                assert not seq.num_computed_tokens, f"sequence {seq.seq_id} has computed tokens but no slot"
+                self._claim_slot(seq)
         logits_by_row: dict[int, torch.Tensor] = {}  # index in batch -> logits [vocab]
         decode_rows = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
         largest = self.envelope.decode_buckets[-1]
@@ -128,6 +139,21 @@ class CompiledModelRunner:
         return logits
 
     # -- slots --------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Called by the engine as it forks the other choices of parent's request (parent has just computed its
+        prompt, in its slot): each child that shares computed tokens gets its own slot with a copy of them now.
+        Later the parent's slot may be gone: it finishes on this very token (max_tokens=1, a stop token) and is
+        released before the children first run, which need not be the next step (the token budget)."""
+        self._release_done_slots()
+        parent_slot = self._slot_of[parent.seq_id]
+        for child in children:
+            num_shared = child.num_computed_tokens  # 0: it waits and computes its prompt itself
+            if num_shared:
+                assert child.token_ids[:num_shared] == parent.token_ids[:num_shared]
+                slot = self._claim_slot(child)
+                self.kv_cache[:, :, slot, :num_shared] = self.kv_cache[:, :, parent_slot, :num_shared]
+
     def _release_done_slots(self) -> None:
         # Finished sequences are gone; preempted ones are back to waiting and will be recomputed from 0.
         for slot, seq in list(self._seq_in.items()):
@@ -135,9 +161,7 @@ class CompiledModelRunner:
                 del self._seq_in[slot], self._slot_of[seq.seq_id]
                 self._free_slots.append(slot)
 
-    def _claim_slot(self, seq: Sequence) -> None:
-        if seq.seq_id in self._slot_of:
-            return
+    def _claim_slot(self, seq: Sequence) -> int:
         if not self._free_slots:
             raise RuntimeError(
                 f"no free KV slot: more than max_batch_size={self.envelope.max_batch_size} "
@@ -145,25 +169,7 @@ class CompiledModelRunner:
             )
         slot = self._free_slots.pop()
         self._slot_of[seq.seq_id], self._seq_in[slot] = slot, seq
-        if seq.num_computed_tokens:
-            self._copy_shared_prefix(seq, slot)
-
-    def _copy_shared_prefix(self, seq: Sequence, slot: int) -> None:
-        """A choice forked from its parent (n > 1) starts with the parent's computed prompt: copy those K/V."""
-        n = seq.num_computed_tokens
-        for parent_slot, parent in self._seq_in.items():
-            if (
-                parent is not seq
-                and parent.request_id == seq.request_id
-                and parent.num_computed_tokens >= n
-                and parent.token_ids[:n] == seq.token_ids[:n]
-            ):
-                self.kv_cache[:, :, slot, :n] = self.kv_cache[:, :, parent_slot, :n]
-                return
-        raise RuntimeError(
-            f"sequence {seq.seq_id} arrived with {n} computed tokens that no slot holds "
-            "(compiled engines run without prefix caching)"
-        )
+        return slot
 
 
 def fit_engine_config(manifest: Manifest, config: EngineConfig) -> None:
@@ -189,5 +195,7 @@ def make_compiled_engine(
     from inferfleet_runtime.engine.llm_engine import LLMEngine
 
     config = config or EngineConfig()
-    fit_engine_config(read_manifest(engine_dir), config)
-    return LLMEngine(CompiledModelRunner(engine_dir, config, device), config)
+    manifest = read_manifest(engine_dir)
+    verify_checksums(engine_dir, manifest)
+    fit_engine_config(manifest, config)
+    return LLMEngine(CompiledModelRunner(engine_dir, config, device, manifest=manifest), config)

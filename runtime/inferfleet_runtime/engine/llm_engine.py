@@ -258,20 +258,30 @@ class LLMEngine:
         ]
         for child in children:
             self.scheduler.add_forked(parent, child)
+        # A runner that keeps K/V per sequence (compiled slots) copies the shared prompt now: the parent may finish on
+        # this very token and give its K/V up before a child first runs.
+        fork = getattr(self.runner, "fork", None)
+        if fork is not None:
+            fork(parent, children)
         request.seqs.extend(children)
         request.num_pending_children = 0
 
     def _check_finished(self, seq: Sequence, request: _Request, token_id: int) -> None:
         params = request.params
         reason = None
+        num_held_chars = len(seq.output_text) - seq.num_stable_chars  # a possible start of a stop string
         if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
             reason = FinishReason.STOP  # the stop token's text is not part of the output
         else:
             delta = seq.detokenizer.add(token_id)
             if delta:
                 seq.output_text += delta
-                if params.stop and _truncate_at_stop(seq, len(delta), params.stop):
-                    reason = FinishReason.STOP
+                if params.stop:
+                    start = stop_window_start(len(seq.output_text), len(delta), num_held_chars)
+                    stop_at, num_held_chars = match_stops(seq.output_text[start:], len(delta), params.stop)
+                    if stop_at is not None:
+                        seq.output_text = seq.output_text[: start + stop_at]
+                        reason = FinishReason.STOP
         num_tokens = len(seq.token_ids)
         if reason is None and (
             num_tokens - len(seq.prompt_token_ids) >= request.max_tokens or num_tokens >= self.max_context_length
@@ -279,9 +289,7 @@ class LLMEngine:
             reason = FinishReason.LENGTH
             seq.output_text += seq.detokenizer.flush()
         if reason is None:
-            seq.num_stable_chars = len(seq.output_text) - (
-                _partial_stop_len(seq.output_text, params.stop) if params.stop else 0
-            )
+            seq.num_stable_chars = len(seq.output_text) - num_held_chars
             return
         seq.num_stable_chars = len(seq.output_text)
         self.scheduler.finish(seq, reason)
@@ -302,26 +310,33 @@ class LLMEngine:
         return CompletionOutput(seq.index, text, tokens, logprobs, reason.value if reason is not None else None)
 
 
-def _truncate_at_stop(seq: Sequence, num_new_chars: int, stops: list[str]) -> bool:
-    """Cuts seq's text before the first stop string that the newest characters complete."""
-    text = seq.output_text
+def stop_window_start(num_chars: int, num_new_chars: int, num_held_chars: int) -> int:
+    """Where a step's stop search begins in a text of num_chars: at the characters held back before the
+    num_new_chars just added (the longest end of the previous text that could grow into a stop string, so at most
+    the longest stop string less one). A stop string the new characters complete begins no earlier: the previous
+    text held no whole one, and its part before them is such an end. Each step reads this window, not the text."""
+    return num_chars - num_new_chars - num_held_chars
+
+
+def match_stops(window: str, num_new_chars: int, stops: list[str]) -> tuple[int | None, int]:
+    """(where in window the stop string that the last num_new_chars complete and that begins first begins, or None;
+    the length of the longest end of window that could still grow into a stop string, 0 when one was found).
+    Time: each stop string once over the window, then its first character's places in the window's end."""
     found = None
+    num_chars = len(window)
     for stop in stops:
-        index = text.find(stop, max(0, len(text) - num_new_chars - len(stop) + 1))
+        index = window.find(stop, max(0, num_chars - num_new_chars - len(stop) + 1))
         if index != -1 and (found is None or index < found):
             found = index
-    if found is None:
-        return False
-    seq.output_text = text[:found]
-    return True
-
-
-def _partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest end of text that could still grow into a stop string (held back when streaming)."""
-    longest = 0
+    if found is not None:
+        return found, 0
+    num_held = 0
     for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:k]):
-                longest = k
+        # The ends of window that are proper prefixes of stop begin with stop[0]: try those places, longest first.
+        start = window.find(stop[0], max(0, num_chars - len(stop) + 1))
+        while start != -1 and num_chars - start > num_held:
+            if stop.startswith(window[start:]):
+                num_held = num_chars - start
                 break
-    return longest
+            start = window.find(stop[0], start + 1)
+    return None, num_held

@@ -61,5 +61,15 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
+    @property
+    def num_held_per_token(self) -> int:
+        """What one output token costs in a request's output budget: its id and text, plus with logprobs=k its
+        logprob and k alternatives, all held until the answer is sent."""
+        return 1 if self.logprobs is None else 2 + self.logprobs
+
+    def num_budget_tokens(self, max_tokens: list[int]) -> int:
+        """A request's size in its output budget: n choices of each prompt, up to its max_tokens (resolved) each."""
+        return self.n * sum(max_tokens) * self.num_held_per_token
+
     def seed_for(self, index: int) -> int | None:
         return None if self.seed is None else (self.seed + index * _SEED_STRIDE) % (1 << 63)

@@ -5,7 +5,8 @@ an engine built from other bytes.
 `fetch` from hf:// records the commit the revision resolved to in SOURCE_NAME inside the model directory; the
 manifest carries it, so an hf:// engine is addressed by its commit as well as by its bytes (a branch that moves
 gives a new digest even where no file changed). Hidden bookkeeping (snapshot_download's `.cache/`, `.part` files) is not
-the model and is left out.
+the model and is left out; the loader reads none of it (a hidden `*.safetensors` is not a weight file to it either,
+and a shard the index names outside the directory is refused), so the digest covers every byte the loader reads.
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ def read_commit(model_dir: Path) -> str:
     return value if isinstance(value, str) else ""
 
 
+def is_left_out(relative: Path) -> bool:
+    """Whether the manifest leaves out a path relative to the model directory: hidden bookkeeping or a `.part`
+    download. The loader reads no such file (checkpoints.loader.safetensors_files, gguf.find_gguf)."""
+    return relative.name.endswith(".part") or any(part.startswith(".") for part in relative.parts)
+
+
 def _is_model_file(path: Path, root: Path) -> bool:
-    if not path.is_file() or path.name.endswith(".part"):
-        return False
-    return not any(part.startswith(".") for part in path.relative_to(root).parts)
+    return path.is_file() and not is_left_out(path.relative_to(root))
 
 
 def _sha256(path: Path) -> str:

@@ -28,6 +28,13 @@ from inferfleet_runtime.server.protocol import ChatCompletionRequest, Completion
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
 MAX_BODY_BYTES = 8 << 20  # default request body limit (a 128k-token prompt as ids is about 1 MiB of JSON)
+# Default output budget of one request, in tokens (SamplingParams.num_budget_tokens: prompts x n x max_tokens, a token
+# with logprobs=k counting k + 2). A non-streamed answer peaks (choices, response body and its JSON together) at
+# about 200-320 bytes per budget token for completions and 700 for chat with logprobs (whose entries carry their
+# bytes): 2^20 holds one at about 0.3 GiB, 0.7 GiB at worst, where 64 prompts x n=16 x 4,000 tokens x 22
+# (logprobs=20) is 90 million, 86x over. Still allowed: n=16 over a 32k context, logprobs=20 over 47k tokens.
+MAX_REQUEST_OUTPUT_TOKENS = 1 << 20
+OPEN_PATHS = frozenset({"/health", "/ready"})  # the kubelet's probes: never behind a key
 
 
 class APIError(Exception):
@@ -55,6 +62,7 @@ class ServerState:
     api_keys: ApiKeys | None = None  # None: the OpenAI endpoints are open
     protect_metrics: bool = False  # /metrics asks for a key too (then scrapers need one)
     max_body_bytes: int = MAX_BODY_BYTES
+    max_request_output_tokens: int = MAX_REQUEST_OUTPUT_TOKENS
 
 
 def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None) -> FastAPI:
@@ -88,9 +96,10 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
-        # /health and /ready stay open for the kubelet's probes; /metrics unless protect_metrics.
+        # With keys, every path but the probes needs one: /v1/*, the API's schema and its pages (/openapi.json,
+        # /docs, /redoc), unknown paths; /metrics only with protect_metrics.
         path = request.url.path
-        guarded = path.startswith("/v1/") or (path == "/metrics" and state.protect_metrics)
+        guarded = path not in OPEN_PATHS and (path != "/metrics" or state.protect_metrics)
         if guarded and state.api_keys is not None and not state.api_keys.allows(request.headers.get("authorization")):
             message = "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'"
             error = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
@@ -99,8 +108,13 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
 
     @app.get("/health")
     async def health():
-        if state.load_error or (state.engine is not None and not state.engine.is_healthy):
-            return JSONResponse({"status": "error", "error": state.load_error or repr(state.engine.error)}, 503)
+        # Open to whoever can connect, so it names no cause: the load or the engine loop logged it when it happened.
+        if state.load_error is not None:
+            return JSONResponse(
+                {"status": "error", "error": "the model failed to load; the server's log says why"}, 503
+            )
+        if state.engine is not None and not state.engine.is_healthy:
+            return JSONResponse({"status": "error", "error": "the engine stopped; the server's log says why"}, 503)
         return {"status": "ok"}
 
     @app.get("/ready")
@@ -129,14 +143,8 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
         if not prompt_ids:
             raise APIError(400, "prompt must not be empty", param="prompt")
         params = _params(body.sampling_params, body.max_tokens, body.logprobs)
-        return await _respond(
-            engine,
-            request,
-            body,
-            prompt_ids,
-            params,
-            CompletionFormat(state.served_model_name, engine.engine.tokenizer),
-        )
+        fmt = CompletionFormat(state.served_model_name, engine.engine.tokenizer)
+        return await _respond(engine, request, body, prompt_ids, params, fmt, state.max_request_output_tokens)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -152,9 +160,8 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
             ) from exc
         prompt_ids = [await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)]
         params = _params(body.sampling_params, body.resolved_max_tokens, body.num_logprobs)
-        return await _respond(
-            engine, request, body, prompt_ids, params, ChatFormat(state.served_model_name, engine.engine.tokenizer)
-        )
+        fmt = ChatFormat(state.served_model_name, engine.engine.tokenizer)
+        return await _respond(engine, request, body, prompt_ids, params, fmt, state.max_request_output_tokens)
 
     return app
 
@@ -260,16 +267,34 @@ def _params(make, max_tokens, logprobs):
         raise APIError(400, str(exc), param=str(exc).split(" ", 1)[0]) from exc
 
 
-async def _respond(engine: AsyncEngine, request: Request, body, prompt_ids: list[list[int]], params, fmt):
+def _check_budget(params, max_tokens: list[int], limit: int) -> None:
+    """A 400 for a request that may produce more than limit output tokens (SamplingParams.num_budget_tokens)."""
+    num_tokens = params.num_budget_tokens(max_tokens)
+    if num_tokens <= limit:
+        return
+    weight = f" x {params.num_held_per_token} for logprobs={params.logprobs}" if params.logprobs is not None else ""
+    message = (
+        f"This request may produce {num_tokens:,} output tokens ({len(max_tokens)} prompt(s) x n={params.n} x up to "
+        f"{max(max_tokens):,} tokens each{weight}), over this server's limit of {limit:,} per request "
+        "(--max-request-output-tokens). Lower n, max_tokens, logprobs or the number of prompts."
+    )
+    raise APIError(400, message, code="request_too_large")
+
+
+async def _respond(
+    engine: AsyncEngine, request: Request, body, prompt_ids: list[list[int]], params, fmt, max_output_tokens: int
+):
+    max_tokens = []
     for ids in prompt_ids:
         try:
-            engine.engine.check_length(len(ids), params.max_tokens)
+            max_tokens.append(engine.engine.check_length(len(ids), params.max_tokens))
         except ContextLengthError as exc:
             raise APIError(
                 400, str(exc), param="max_tokens" if params.max_tokens else "prompt", code="context_length_exceeded"
             ) from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from exc
+    _check_budget(params, max_tokens, max_output_tokens)  # before the engine sees any of it
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
     sub_ids = [f"{request_id}-{i}" for i in range(len(prompt_ids))]
     streams = []

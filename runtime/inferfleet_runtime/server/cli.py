@@ -17,6 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     source.add_argument("--engine-dir", metavar="DIR", help="compiled engine directory (with manifest.json)")
     parser.add_argument(
+        "--engine-digest",
+        metavar="DIGEST",
+        default=None,
+        help="with --engine-dir: serve only the engine of this digest (sha256:..., reported by `compile`); another "
+        "engine there is refused as lost (exit 3)",
+    )
+    parser.add_argument(
         "--engine",
         choices=("paged", "compiled"),
         default=None,
@@ -96,6 +103,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="larger request bodies are refused with 413 (default 8MiB)",
     )
+    parser.add_argument(
+        "--max-request-output-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="a request that may produce more output tokens (prompts x n x max_tokens, a token with logprobs=k "
+        "counting k+2) is refused with 400 (default 1048576)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -170,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
             message = f"{engine_dir} is not a compiled engine directory (no manifest.json): engine lost; rebuild it"
             return _fail(message, ENGINE_LOST_EXIT_CODE)
         try:
-            make_runner = compiled.runner_factory(engine_dir, config)  # refuses mismatched engines
+            make_runner = compiled.runner_factory(engine_dir, config, args.engine_digest)  # refuses mismatched engines
         except EngineLost as exc:
             return _fail(str(exc), ENGINE_LOST_EXIT_CODE)
         except ValueError as exc:
@@ -178,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         default_name = engine_dir.name
     name = args.served_model_name or default_name
     limits = {"max_body_bytes": args.max_request_bytes} if args.max_request_bytes else {}
+    if args.max_request_output_tokens:
+        limits["max_request_output_tokens"] = args.max_request_output_tokens
     serve(make_runner, config, name, args.host, args.port, args.log_level, api_keys, args.protect_metrics, **limits)
     return 0
 
@@ -263,6 +280,16 @@ def _bytes(text: str) -> int:
         return int(float(number) * units[unit])
     except (KeyError, ValueError):
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 2GiB, 500MB, 1048576)") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _fail(message: str, code: int = 2) -> int:

@@ -12,6 +12,11 @@ A server that ends normally ends its ranks in order, before the interpreter fina
 rank waits until the backend's thread has let go of that broadcast's tensor, the workers leave the group and exit 0,
 then rank 0 leaves it. (The wait matters: gloo's threads drop a collective's tensors just after it completes, and a
 thread that needs the Python lock for that while the interpreter finalizes aborts the whole process.)
+
+Every rank runs in the server's pod, so the ranks meet on loopback alone: the rendezvous store (whose clients may
+read and write any key, unauthenticated) and the collectives' sockets (gloo's, NCCL's bootstrap) listen on
+127.0.0.1, out of reach of anything else on the pod network. Multi-node tensor parallelism (ranks in several pods)
+is not supported yet: it would need the pod network, and a shared secret to keep strangers out of the store.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +50,8 @@ STOP_TIMEOUT_S = 10.0  # for the stop broadcast, then for the workers to exit
 SETTLE_TIMEOUT_S = 2.0  # for a backend's thread to drop a finished collective's tensor (NCCL's may keep it)
 _STOP, _STEP = 0, 1
 _HEADER = 8  # int64: command, tokens, sequences, block table width, max query len, max seq len, logit rows, unused
+LOOPBACK = "127.0.0.1"
+LOOPBACK_INTERFACE = "lo0" if sys.platform == "darwin" else "lo"
 
 
 def rank_device(preferred: str | None, rank: int) -> torch.device:
@@ -60,16 +68,30 @@ def backend_of(device: torch.device) -> str:
 
 
 def rendezvous(world: int, port: int | None = None) -> dist.TCPStore:
-    """The store the ranks meet at. Rank 0 (no port) listens on a port the kernel picks and holds it from then on, so
-    no other process can take the port between its choice and its use; the other ranks connect to `port`."""
+    """The store the ranks meet at, on loopback. Rank 0 (no port) listens on a port the kernel picks and holds it from
+    then on, so no other process can take the port between its choice and its use; the other ranks connect to
+    `port`."""
     if port is None:
-        return dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=NO_TIMEOUT, wait_for_workers=False)
-    return dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=NO_TIMEOUT)
+        # TCPStore's own server listens on every interface (::) whatever host it is given: it gets a socket already
+        # listening on loopback instead.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((LOOPBACK, 0))
+        listener.listen()
+        return dist.TCPStore(
+            LOOPBACK, listener.getsockname()[1], world, is_master=True, timeout=NO_TIMEOUT, wait_for_workers=False,
+            master_listen_fd=listener.detach(),
+        )  # fmt: skip
+    return dist.TCPStore(LOOPBACK, port, world, is_master=False, timeout=NO_TIMEOUT)
 
 
 def init_group(rank: int, world: int, store: dist.TCPStore, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    # The collectives listen on loopback too. Unset, gloo listens on the address the host name resolves to (the pod's)
+    # and NCCL's bootstrap on the first network interface; a value from the pod's environment is overridden, since
+    # every rank is in this pod.
+    os.environ["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
+    os.environ["NCCL_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
     dist.init_process_group(backend_of(device), store=store, rank=rank, world_size=world, timeout=NO_TIMEOUT)
 
 

@@ -14,7 +14,6 @@ from inferfleet_runtime.bench.gguf_export import write_float_checkpoint, write_g
 from inferfleet_runtime.checkpoints.gguf import (
     GGUFCheckpoint,
     GGUFError,
-    field_value,
     find_gguf,
     load_gguf,
     split_blocks,
@@ -51,6 +50,20 @@ TEXTS = [
     "It's we'll they're I'M",
     "",
 ]
+
+
+def field_value(field):
+    """A metadata field of gguf's own reader as a Python value: str, int, float, bool, or a list of those."""
+
+    def scalar(kind, part):
+        if kind == gguf.GGUFValueType.STRING:
+            return bytes(part).decode("utf-8", errors="replace")
+        return part.tolist()[0]
+
+    kinds = field.types
+    if kinds[0] == gguf.GGUFValueType.ARRAY:
+        return [scalar(kinds[-1], field.parts[i]) for i in field.data]
+    return scalar(kinds[0], field.parts[field.data[0]])
 
 
 def rewrite_gguf(src: Path, dst: Path, qtype=None, architecture="llama", drop=(), metadata=None) -> Path:

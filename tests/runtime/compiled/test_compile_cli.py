@@ -109,29 +109,69 @@ def test_build_reports_progress_and_writes_a_manifest(demo_model_dir, tmp_path, 
     assert result["engineKey"] == "k1" and result["artifactPath"] == str(out)
 
 
-def test_rebuild_of_the_same_key_keeps_the_engine(demo_model_dir, tmp_path, stand_in, capsys):
+def test_the_engine_digest_is_reported_on_the_last_line_and_in_the_termination_message(
+    demo_model_dir, tmp_path, stand_in, capsys, monkeypatch
+):
+    from inferfleet_runtime.compiled.manifest import DIGEST_PATTERN, engine_digest, read_manifest
+
+    stand_in()
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setenv("INFERFLEET_TERMINATION_LOG", str(log))
+    out = tmp_path / "e"
+    assert main(["compile", "--model", str(demo_model_dir), "--out", str(out), *TINY, *_K2]) == 0
+    digest = engine_digest(read_manifest(out))
+    assert DIGEST_PATTERN.match(digest) and json.loads(log.read_text())["engineDigest"] == digest
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f" digest={digest}")
+
+
+_K2 = ["--engine-key", "k2", "--decode-buckets", "4", "--prefill-buckets", "16", "--backend", "aotinductor"]
+
+
+def _plant(out):
+    """Replaces the engine at out by another one whose manifest's checksums match its files (a writer of the cache)."""
+    from inferfleet_runtime.compiled.manifest import file_checksums, read_manifest, write_manifest
+
+    (out / "graphs" / "decode-b4.pt2").write_bytes(b"planted native code")
+    manifest = read_manifest(out)
+    manifest.checksums = file_checksums(out)
+    write_manifest(out, manifest)
+
+
+def test_an_engine_found_at_out_is_rebuilt_unless_it_has_the_digest_the_operator_recorded(
+    demo_model_dir, tmp_path, stand_in
+):
+    from inferfleet_runtime.compiled.manifest import engine_digest, read_manifest, verify_checksums
+
     backend = stand_in()
-    args = [
-        "compile",
-        "--model",
-        str(demo_model_dir),
-        "--out",
-        str(tmp_path / "e"),
-        *TINY,
-        "--engine-key",
-        "k2",
-        "--decode-buckets",
-        "4",
-        "--prefill-buckets",
-        "16",
-        "--backend",
-        "aotinductor",
-    ]
-    assert main(args) == 0
-    assert len(backend.built) == 2
-    assert main(args) == 0
-    assert len(backend.built) == 2
-    assert "progress stage=done percent=100" in capsys.readouterr().out
+    out = tmp_path / "e"
+    args = ["compile", "--model", str(demo_model_dir), "--out", str(out), *TINY, *_K2]
+    assert main(args) == 0 and len(backend.built) == 2
+    built = engine_digest(read_manifest(out))
+    assert main(args + ["--engine-digest", built]) == 0 and len(backend.built) == 2  # the recorded engine: kept
+    assert main(args) == 0 and len(backend.built) == 4  # no digest to check it against: not trusted, rebuilt
+    rebuilt = engine_digest(read_manifest(out))
+    _plant(out)
+    verify_checksums(out, read_manifest(out))  # the planted engine passes the folder's own checks
+    assert main(args + ["--engine-digest", rebuilt]) == 0 and len(backend.built) == 6  # but not the digest
+    assert (out / "graphs" / "decode-b4.pt2").read_bytes() != b"planted native code"
+
+
+def test_keep_existing_keeps_an_intact_engine_of_the_key_whatever_its_digest(demo_model_dir, tmp_path, stand_in):
+    backend = stand_in()
+    out = tmp_path / "e"
+    args = ["compile", "--model", str(demo_model_dir), "--out", str(out), *TINY, *_K2, "--keep-existing"]
+    assert main(args) == 0 and len(backend.built) == 2
+    assert main(args) == 0 and len(backend.built) == 2  # a cache shared by the administrator's choice
+    (out / "graphs" / "decode-b4.pt2").write_bytes(b"damaged")
+    assert main(args) == 0 and len(backend.built) == 4  # ... but never a damaged one
+
+
+def test_a_malformed_engine_digest_exits_2(demo_model_dir, tmp_path, capsys):
+    args = ["compile", "--model", str(demo_model_dir), "--out", str(tmp_path / "e"), *TINY, *_K2]
+    with pytest.raises(SystemExit) as info:
+        main(args + ["--engine-digest", "../../etc"])
+    assert info.value.code == 2 and "--engine-digest: expected sha256:" in capsys.readouterr().err
 
 
 def test_failed_build_exits_1_and_leaves_no_engine(demo_model_dir, tmp_path, stand_in, capsys, monkeypatch):

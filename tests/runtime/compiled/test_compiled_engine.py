@@ -121,3 +121,87 @@ def test_choices_that_finish_at_different_steps_free_their_slots_and_match_paged
     lengths = [5, 5, 5, 5]
     assert _greedy(compiled, PROMPTS[:4], lengths) == _greedy(paged, PROMPTS[:4], lengths)
     assert compiled.block_manager.num_free_blocks == compiled.block_manager.num_blocks
+
+
+# Every shape of an n > 1 request whose first choice (the parent, whose computed prompt the others copy) ends on its
+# first token, over a prompt longer than one 16-token block (so each forked choice copies the parent's first block),
+# in one batch with another client's request: (n, how the parent ends, whether the other choices go on).
+FIRST_TOKEN_ENDS = [
+    pytest.param(2, "length", False, id="n2-max-tokens-1"),
+    pytest.param(3, "length", False, id="n3-max-tokens-1"),
+    pytest.param(2, "stop-token", False, id="n2-every-choice-stop-token"),
+    pytest.param(3, "eos", False, id="n3-every-choice-eos"),
+    pytest.param(3, "stop-token", True, id="n3-parent-stop-token-others-go-on"),
+    pytest.param(2, "eos", True, id="n2-parent-eos-other-goes-on"),
+]
+
+
+def _first_token_end_params(paged, prompt, n, how, others_go_on):
+    """SamplingParams of the request and the token that ends its first choice on its first token."""
+    if not others_go_on:  # greedy: every choice draws the same first token
+        base = dict(temperature=0, n=n)
+        first = _greedy(paged, [prompt], [1])[0][0]
+    else:  # seeded: each choice its own stream, the same in both engines; a seed where choice 0 draws alone
+        for seed in range(40):
+            base = dict(temperature=1.5, seed=seed, n=n)
+            params = SamplingParams(max_tokens=1, ignore_eos=True, **base)
+            firsts = [c.token_ids[0] for c in paged.generate([prompt], params)[0].outputs]
+            if firsts[0] not in firsts[1:]:
+                first = firsts[0]
+                break
+        else:
+            pytest.fail(f"no seed in 40 gave choice 0 a first token of its own among {n} choices")
+    if how == "length":
+        return SamplingParams(max_tokens=1, ignore_eos=True, **base), first
+    if how == "stop-token":
+        return SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[first], **base), first
+    return SamplingParams(max_tokens=8, ignore_eos=False, **base), first
+
+
+@pytest.mark.parametrize(("n", "how", "others_go_on"), FIRST_TOKEN_ENDS)
+def test_choices_whose_parent_ends_on_its_first_token_match_paged_beside_another_request(
+    paged, compiled, monkeypatch, n, how, others_go_on
+):
+    prompt = PROMPTS[3]
+    assert len(compiled.encode(prompt)) > 16  # the forked choices copy the parent's first block from its slot
+    params, first = _first_token_end_params(paged, prompt, n, how, others_go_on)
+    if how == "eos":  # the first token is the end of sequence, in both engines
+        monkeypatch.setattr(paged, "eos_token_ids", {first})
+        monkeypatch.setattr(compiled, "eos_token_ids", {first})
+    other = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)  # another client, in the same batches
+
+    def run(engine):
+        outs = engine.generate([prompt, PROMPTS[0]], [params, other])
+        return [[(c.token_ids, c.finish_reason) for c in out.outputs] for out in outs]
+
+    expected = run(paged)
+    assert run(compiled) == expected
+    choices = expected[0]
+    assert len(choices) == n and choices[0] == ([first], "length" if how == "length" else "stop")
+    assert any(len(tokens) > 1 for tokens, _ in choices[1:]) == others_go_on
+    assert len(expected[1][0][0]) == 6  # the other client's request ran to its end
+    # The parent's slot and every choice's came back: a full batch still runs and matches, and no block is held.
+    lengths = [5, 5, 5, 5]
+    assert _greedy(compiled, PROMPTS[:4], lengths) == _greedy(paged, PROMPTS[:4], lengths)
+    assert compiled.block_manager.num_free_blocks == compiled.block_manager.num_blocks
+
+
+def test_choices_forked_under_a_small_token_budget_keep_their_copied_prefix(
+    demo_model_dir, compiled_demo_engine, paged
+):
+    # Under a 7-token budget the forked choices run steps after their parent ended on its first token, while other
+    # requests' chunks take the slots it gave up.
+    engine = make_compiled_engine(compiled_demo_engine, EngineConfig(max_num_batched_tokens=7))
+    small_paged = LLMEngine.from_model_dir(demo_model_dir, EngineConfig(max_num_seqs=4, max_num_batched_tokens=7))
+    prompts = [PROMPTS[3], PROMPTS[2], PROMPTS[5]]
+    params = [
+        SamplingParams(temperature=0, max_tokens=1, n=3),
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+    ]
+
+    def run(engine):
+        return [[(c.token_ids, c.finish_reason) for c in out.outputs] for out in engine.generate(prompts, params)]
+
+    assert run(engine) == run(small_paged)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -106,10 +106,15 @@ def test_serve_refuses_a_mismatched_engine_with_one_line(compiled_demo_engine, t
 
 
 def test_serve_command_of_the_operators_pods_serves_the_engine(compiled_demo_engine, paged_texts):
+    from inferfleet_runtime.compiled.manifest import engine_digest, read_manifest
+
     from ..support.server_harness import serve_process
 
-    # The compiled serving pod's command (operator manifests: serve --engine-dir DIR --engine compiled ...).
-    args = ("--engine-dir", str(compiled_demo_engine), "--engine", "compiled", "--served-model-name", MODEL)
+    # The compiled serving pod's command (operator manifests: serve --engine-dir DIR --engine compiled
+    # --engine-digest D ..., D the digest the compile Job reported and the EngineBuild's status holds).
+    digest = engine_digest(read_manifest(compiled_demo_engine))
+    args = ("--engine-dir", str(compiled_demo_engine), "--engine", "compiled", "--engine-digest", digest)
+    args += ("--served-model-name", MODEL)
     with serve_process(*args, "--log-level", "warning", ready_timeout_s=90) as served:
         r = httpx.post(
             f"{served.base_url}/v1/completions",
@@ -138,3 +143,19 @@ def test_serve_of_an_engine_with_a_damaged_artifact_exits_3(compiled_demo_engine
     graph.write_bytes(graph.read_bytes()[:-1])
     code = main(["serve", "--engine-dir", str(damaged), "--port", "0"])
     assert code == 3 and "does not match its checksum" in capsys.readouterr().err
+
+
+def test_serve_refuses_an_engine_other_than_the_one_whose_digest_it_was_given(compiled_demo_engine, tmp_path, capsys):
+    from inferfleet_runtime.compiled.manifest import ENGINE_LOST_EXIT_CODE, engine_digest, read_manifest, write_manifest
+
+    expected = engine_digest(read_manifest(compiled_demo_engine))
+    planted = tmp_path / "engine"
+    shutil.copytree(compiled_demo_engine, planted)
+    manifest = read_manifest(planted)
+    decode = [g for g in manifest.graphs if g.kind == "decode"]
+    decode[0].file, decode[1].file = decode[1].file, decode[0].file  # every checksum still matches its file
+    write_manifest(planted, manifest)
+    code = main(["serve", "--engine-dir", str(planted), "--engine-digest", expected, "--port", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == ENGINE_LOST_EXIT_CODE and len(err.splitlines()) == 1
+    assert f"is not the engine of digest {expected}" in err

@@ -3,12 +3,16 @@
 
 import subprocess
 import sys
+import threading
 
 import httpx
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
 from inferfleet_runtime.engine.config import EngineConfig
+from inferfleet_runtime.engine.metrics import ServerMetrics
+from inferfleet_runtime.server.app import ServerState, create_app
 from inferfleet_runtime.server.auth import ApiKeyError, ApiKeys
 from inferfleet_runtime.worker.model_runner import ModelRunner
 
@@ -105,3 +109,45 @@ def test_serve_refuses_protected_metrics_without_a_key_and_a_bad_key_file(tmp_pa
     assert "--protect-metrics needs an API key" in result.stderr
     result = _serve("--model", str(demo_model_dir), "--api-key-file", str(tmp_path / "absent"))
     assert result.returncode == 2 and "cannot read API key file" in result.stderr
+
+
+def _app_client(api_keys=None, **state_fields) -> TestClient:
+    state = ServerState(served_model_name=MODEL, metrics=ServerMetrics(MODEL), api_keys=api_keys, **state_fields)
+    return TestClient(create_app(state))
+
+
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/redoc"])
+def test_the_api_schema_and_its_pages_need_a_key_when_keys_are_set(path):
+    guarded = _app_client(ApiKeys.from_sources(KEYS))
+    refused = guarded.get(path)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert guarded.get(path, headers={"Authorization": f"Bearer {KEYS[0]}"}).status_code == 200
+    assert _app_client().get(path).status_code == 200  # no keys: open, as before
+
+
+class _StoppedEngine:
+    is_healthy = False
+    error = RuntimeError("CUDA error: an illegal memory access at /srv/models/secret-llama/kernels.cu:77")
+
+
+def test_health_says_the_engine_stopped_without_its_internal_error():
+    response = _app_client(engine=_StoppedEngine()).get("/health")
+    assert response.status_code == 503 and response.json() == {
+        "status": "error",
+        "error": "the engine stopped; the server's log says why",
+    }
+
+
+def test_health_says_loading_failed_without_the_loaders_error(caplog):
+    def load():
+        raise OSError("No such file: /srv/models/secret-llama/model.safetensors")
+
+    state = ServerState(served_model_name=MODEL, metrics=ServerMetrics(MODEL))
+    with caplog.at_level("ERROR"), TestClient(create_app(state, load)) as client:
+        for thread in threading.enumerate():  # the load runs in its own thread from startup
+            if thread.name == "inferfleet-load":
+                thread.join(timeout=30)
+        response = client.get("/health")
+    assert response.status_code == 503 and "secret-llama" not in response.text
+    assert response.json()["error"] == "the model failed to load; the server's log says why"
+    assert "secret-llama" in caplog.text  # the operator of the server still sees why
