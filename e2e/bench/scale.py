@@ -6,7 +6,7 @@ On the local cluster (its own, in a fresh state folder, unless --kubeconfig name
 1. registers N KWOK nodes in five pools built from the e2e node fixtures' label schemes (NVIDIA H100
    and A100, AMD MI300X, Intel Max 1550, CPU), the CRDs, the chart's default InferenceRuntimes and
    the operator's ServiceAccount bound to exactly permissions.PERMISSIONS;
-2. floor: the children the pure planner renders for the M services (Deployments, Services, PDBs)
+2. floor: the children the pure planner renders for the M services (Deployments, Services, PDBs, NetworkPolicies)
    are server-side applied by a plain client (as many requests in flight as the operator's default
    --concurrency), timed until every Deployment has all replicas ready;
 3. operator: `inferfleet-operator` runs as a child process with the ServiceAccount token and default
@@ -433,7 +433,12 @@ async def run_operator(
         "requests_by_verb_kind": _requests_by_verb_kind(operator.metrics_text(), requests_by_kind),
     }
     children = 0
-    for path in ("/apis/apps/v1/deployments", "/api/v1/services", "/apis/policy/v1/poddisruptionbudgets"):
+    for path in (
+        "/apis/apps/v1/deployments",
+        "/api/v1/services",
+        "/apis/policy/v1/poddisruptionbudgets",
+        "/apis/networking.k8s.io/v1/networkpolicies",
+    ):
         live = await client.list(path, f"{MANAGED_BY_LABEL}=inferfleet-operator")
         children += sum(
             1

@@ -557,7 +557,7 @@ def test_helm_uninstall_removes_what_the_operator_created(kind_cluster, release,
     kind_cluster.helm("uninstall", release["name"], "--namespace", release["namespace"], "--wait", timeout=300)
 
     def leftovers() -> list[str]:
-        kinds = ["deployments", "services", "jobs", "poddisruptionbudgets"]
+        kinds = ["deployments", "services", "jobs", "poddisruptionbudgets", "networkpolicies"]
         left = [f"{k}/{o['metadata']['name']}" for k in kinds for o in kind_cluster.items(k, serve_ns, MANAGED)]
         crds = kind_cluster.kubectl("get", "crd", "-o", "name").stdout.split()
         return left + [c for c in crds if c.endswith(".inferfleet.dev")]

@@ -82,6 +82,16 @@ def test_watch_namespaces_become_namespace_flags(render, one):
     assert [arg for arg in args if arg.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
 
 
+def test_no_host_path_root_is_allowed_by_default_and_listed_roots_reach_the_operator(render, one):
+    assert not [a for a in _container(render(), one)["args"] if a.startswith("--model-host-path-root")]
+    roots = {"modelHostPaths": {"allowedRoots": ["/srv/models", "/data/shared models"]}}
+    args = _container(render(roots), one)["args"]
+    assert [a for a in args if a.startswith("--model-host-path-root")] == [
+        "--model-host-path-root=/srv/models",
+        "--model-host-path-root=/data/shared models",
+    ]
+
+
 def test_single_replica_runs_without_peering(render, one, of_kind):
     objects = render()
     deployment = one(objects, "Deployment")

@@ -57,16 +57,31 @@ def test_watched_namespaces_get_roles_and_only_cluster_kinds_stay_cluster_wide(r
     assert {resource for _, resource, _ in cluster_grants} <= CLUSTER_SCOPED
     roles = of_kind(objects, "Role")
     assert sorted(role["metadata"]["namespace"] for role in roles) == watched
+    # A namespaced operator elects its leader through KopfPeerings in the watched namespaces.
+    clusterwide_only = {g for g in _grants(PERMISSIONS) if g[1] == "clusterkopfpeerings"}
     for role in roles:
         role_grants = _grants(role["rules"])
         assert not {resource.split("/")[0] for _, resource, _ in role_grants} & CLUSTER_SCOPED
-        assert role_grants | cluster_grants == _grants(PERMISSIONS)
+        assert role_grants | cluster_grants == _grants(PERMISSIONS) - clusterwide_only
         assert not role_grants & cluster_grants
     bindings = of_kind(objects, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == watched
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"][0]["namespace"] == NAMESPACE
+
+
+def test_a_namespaced_operator_may_write_nothing_outside_its_namespaces(render, one, of_kind):
+    for values in ({"watchNamespaces": ["team-a"]}, {"watchNamespaces": ["team-a"], "replicaCount": 2}):
+        objects = render(values)
+        verbs = {verb for _, _, verb in _grants(one(objects, "ClusterRole")["rules"])}
+        assert verbs <= {"get", "list", "watch"}, verbs
+        writers = [
+            r
+            for r in of_kind(objects, "Role")
+            if {"create", "patch", "delete"} & {verb for _, _, verb in _grants(r["rules"])}
+        ]
+        assert [r["metadata"]["namespace"] for r in writers] == ["team-a"]
 
 
 def test_no_rule_reaches_secrets_or_uses_wildcards(render, of_kind):

@@ -20,6 +20,7 @@ BAD_VALUES = [
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"image": {"digest": "latest"}}, "/image/digest"),
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+    ({"modelHostPaths": {"allowedRoots": ["srv/models"]}}, "/modelHostPaths/allowedRoots/0"),
     ({"healthPort": 70000}, "/healthPort"),
     ({"securityContext": {"runAsUser": 0}}, "/securityContext/runAsUser"),
     ({"crds": {"keep": "yes"}}, "/crds/keep"),

@@ -93,3 +93,31 @@ def test_the_prune_job_removes_the_directory_the_compile_job_wrote(tmp_path):
     (engine / MANIFEST_NAME).write_text("{}")
     args = [a.replace("/engines", str(tmp_path)) for a in container["args"]]
     assert main(args) == 0 and not engine.exists()
+
+
+def test_a_rebuilds_recorded_digest_and_a_shared_caches_keep_flag_parse():
+    from inferfleet_runtime.compiled import cli as compile_cli
+
+    spec = EngineBuildSpec(
+        engine_key="k",
+        model_uri="file:///data/demo",
+        revision="main",
+        envelope=EngineEnvelope(),
+        vendor="cpu",
+        architecture="amd64",
+        image="i",
+        compile_image="i",
+    )
+    parser = argparse.ArgumentParser()
+    compile_cli.add_arguments(parser)
+    digest = "sha256:" + "ab" * 32
+
+    def parsed(settings: PlanSettings, **kw):
+        [container] = compile_job_for("k", "team-a", spec, 2, settings, **kw)["spec"]["template"]["spec"]["containers"]
+        return parser.parse_args(container["args"][1:])
+
+    rebuild = parsed(PlanSettings(), engine_digest=digest)
+    assert (rebuild.engine_digest, rebuild.keep_existing) == (digest, False)
+    first = parsed(PlanSettings())
+    assert (first.engine_digest, first.keep_existing) == (None, False)
+    assert parsed(PlanSettings(share_engines_across_namespaces=True)).keep_existing

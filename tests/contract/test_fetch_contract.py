@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from planning_data import NOW, RUNTIMES, h100, service
 
+from inferfleet_operator.api.types import PlanSettings
 from inferfleet_operator.plan.builds import plan_build
 from inferfleet_operator.plan.planner import plan_service
 from inferfleet_runtime.fetch.content_digest import SOURCE_NAME, read_commit
@@ -44,6 +45,10 @@ VARIANTS: dict[str, dict] = {
 }
 
 
+# file:// mounts a host folder only under a root the administrator allowed (plan/host_paths.py).
+SETTINGS = PlanSettings(host_path_roots=("/srv/models",))
+
+
 def _render(model: dict) -> dict[str, dict]:
     """-> {"deployment": pod spec of the H100 pool's paged bridge, "job": pod spec of the compile Job}."""
     svc = service(
@@ -52,7 +57,7 @@ def _render(model: dict) -> dict[str, dict]:
         replicas=1,
         engine={"maxContextLength": 64, "maxBatchSize": 1, "dtype": "float32"},
     )
-    plan = plan_service(svc, [h100("h1")], RUNTIMES, {}, {}, NOW)
+    plan = plan_service(svc, [h100("h1")], RUNTIMES, {}, {}, NOW, SETTINGS)
     [deployment] = [c for c in plan.children if c["kind"] == "Deployment"]
     [build] = plan.engine_builds
     job = plan_build(build | {"status": {}}, [], NOW).job

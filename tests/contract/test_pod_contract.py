@@ -220,7 +220,14 @@ def test_paged_serving_pod_passes_its_readiness_probe_and_answers_a_completion(d
 def test_compile_job_builds_an_engine_that_the_compiled_serving_pod_serves(demo_model_dir, tmp_path):
     import torch
 
-    from inferfleet_runtime.compiled.manifest import device_architecture, read_manifest
+    from inferfleet_runtime.compiled.manifest import (
+        ENGINE_LOST_EXIT_CODE,
+        device_architecture,
+        engine_digest,
+        read_manifest,
+        verify_checksums,
+        write_manifest,
+    )
     from inferfleet_runtime.fetch.content_digest import content_digest, content_manifest
 
     key, job = RENDERED["key"], RENDERED["compile"]
@@ -245,8 +252,20 @@ def test_compile_job_builds_an_engine_that_the_compiled_serving_pod_serves(demo_
     assert RENDERED["compiled"]["args"][:3] == ["serve", "--engine-dir", f"/engines/{key}"]  # before the digest
     server = RENDERED["compiled_after"](log.read_text())
     assert server["args"][:3] == ["serve", "--engine-dir", f"/engines/{key}/{digest}"]
+    # ... and the engine's digest, which the Job reported and the serving pod checks before loading anything.
+    args = server["args"]
+    assert args[args.index("--engine-digest") + 1] == engine_digest(manifest)
     process = pod.start(server)
     try:
         _check_serves(pod, server, process)
     finally:
         _stop(process)
+
+    # An engine put in its place by anyone who can write the cache (its checksums match its files) is refused, and
+    # with the exit code on which the operator rebuilds.
+    manifest.build_seconds += 1
+    write_manifest(engine_dir, manifest)
+    verify_checksums(engine_dir, read_manifest(engine_dir))
+    refused = subprocess.run(pod.argv(server), env=pod.env(server), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == ENGINE_LOST_EXIT_CODE, refused.stderr[-3000:]
+    assert "is not the engine of digest" in refused.stderr

@@ -103,6 +103,9 @@ CRDs they are left to the next upgrade (NOTES.txt says so).
 {{- if not (include "inferfleet.routing.enabled" .) }}
 - --inference-pools=disabled
 {{- end }}
+{{- range .Values.modelHostPaths.allowedRoots }}
+- {{ printf "--model-host-path-root=%s" . | quote }}
+{{- end }}
 - --scraper-namespace={{ .Release.Namespace }}
 {{- $scraper := include "inferfleet.selectorLabels" . | fromYaml }}
 - --scraper-labels={{ range $i, $key := keys $scraper | sortAlpha }}{{ if $i }},{{ end }}{{ $key }}={{ get $scraper $key }}{{ end }}
@@ -117,6 +120,15 @@ on these go to the ClusterRole and every other rule goes to a Role in each watch
 */}}
 {{- define "inferfleet.clusterScopedResources" -}}
 {{- list "nodes" "namespaces" "persistentvolumes" "storageclasses" "customresourcedefinitions" "inferenceruntimes" "clusterkopfpeerings" "priorityclasses" "runtimeclasses" "csidrivers" "csinodes" "volumeattachments" "apiservices" "ingressclasses" "clusterroles" "clusterrolebindings" | toJson -}}
+{{- end -}}
+
+{{/*
+Kinds only an operator watching every namespace uses: in namespaced mode the pods elect their
+leader through a KopfPeering in each watched namespace, so no rule on these is granted and the
+ClusterRole holds reads only.
+*/}}
+{{- define "inferfleet.clusterwideOnlyResources" -}}
+{{- list "clusterkopfpeerings" | toJson -}}
 {{- end -}}
 
 {{/*
@@ -142,12 +154,14 @@ cluster serves inference.networking.k8s.io/v1 InferencePool at install or upgrad
 {{- end -}}
 
 {{/*
-The rules for one scope: "cluster" keeps the resources in clusterScopedResources (and
-nonResourceURLs), "namespaced" keeps the others. A rule whose resources span both is split.
+The rules of namespaced mode for one scope: "cluster" keeps the resources in clusterScopedResources
+(and nonResourceURLs), "namespaced" keeps the others; neither keeps clusterwideOnlyResources. A
+rule whose resources span both is split.
 Call with (dict "root" $ "scope" "cluster").
 */}}
 {{- define "inferfleet.rules.forScope" -}}
 {{- $clusterScoped := include "inferfleet.clusterScopedResources" .root | fromJsonArray -}}
+{{- $clusterwideOnly := include "inferfleet.clusterwideOnlyResources" .root | fromJsonArray -}}
 {{- $out := list -}}
 {{- range $rule := include "inferfleet.rules.all" .root | fromJsonArray -}}
 {{- if hasKey $rule "nonResourceURLs" -}}
@@ -156,7 +170,8 @@ Call with (dict "root" $ "scope" "cluster").
 {{- $kept := list -}}
 {{- range $resource := $rule.resources -}}
 {{- $isCluster := has (first (splitList "/" $resource)) $clusterScoped -}}
-{{- if eq $isCluster (eq $.scope "cluster") -}}{{- $kept = append $kept $resource -}}{{- end -}}
+{{- $isUnused := has (first (splitList "/" $resource)) $clusterwideOnly -}}
+{{- if and (eq $isCluster (eq $.scope "cluster")) (not $isUnused) -}}{{- $kept = append $kept $resource -}}{{- end -}}
 {{- end -}}
 {{- if $kept -}}{{- $out = append $out (set (deepCopy $rule) "resources" $kept) -}}{{- end -}}
 {{- end -}}

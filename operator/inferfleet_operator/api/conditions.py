@@ -10,7 +10,11 @@ READY = "Ready"
 ENGINES_BUILT = "EnginesBuilt"
 ROLLED_OUT = "RolledOut"
 DEGRADED = "Degraded"
-SERVICE_CONDITIONS = (READY, ENGINES_BUILT, ROLLED_OUT, DEGRADED)
+# True when every pod of the cluster may call the service without a key (no NetworkPolicy, no API key).
+EXPOSED = "Exposed"
+SERVICE_CONDITIONS = (READY, ENGINES_BUILT, ROLLED_OUT, DEGRADED, EXPOSED)
+# Conditions whose True is the state to warn about: flipping to True posts a Warning, back to False a Normal Event.
+WARN_WHEN_TRUE = (DEGRADED, EXPOSED)
 
 # Condition types of an EngineBuild.
 BUILT = "Built"
@@ -42,6 +46,12 @@ REASON_FETCH_FAILED = "FetchFailed"  # the model fetch init container exited non
 REASON_SERVER_FAILED = "ServerFailed"  # the serving container exited non-zero (e.g. an unsupported model)
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # a compile Job ran past activeDeadlineSeconds
 REASON_NOT_OWNED = "NotOwned"  # an object the operator would write exists and is not owned by the resource
+# A file:// model under no root the administrator allowed: no pod nor compile Job is made (plan/host_paths.py).
+REASON_HOST_PATH_NOT_ALLOWED = "HostPathNotAllowed"
+# Exposed's reasons: open to every pod of the cluster without a key; a key is required; a NetworkPolicy restricts.
+REASON_OPEN_TO_CLUSTER = "OpenToCluster"
+REASON_API_KEY_REQUIRED = "ApiKeyRequired"
+REASON_RESTRICTED_BY_NETWORK_POLICY = "RestrictedByNetworkPolicy"
 # Per-pool reasons.
 REASON_SERVING_COMPILED = "ServingCompiled"
 REASON_SERVING_PAGED = "ServingPaged"

@@ -18,6 +18,8 @@ TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BUILD_STATES = ("Pending", "Building", "Ready", "Failed")
 INFERENCE_POOL_MODES = ("Auto", "Enabled", "Disabled")
 FAILURE_MODES = ("FailOpen", "FailClose")
+# Who may connect to a service's pods (spec.networkPolicy.exposure).
+EXPOSURES = ("Namespace", "Listed", "Cluster")
 
 URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.+|hf://[^/]+/[^/]+|file:///.+|s3://[^/]+/.+)$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"

@@ -7,6 +7,7 @@ from pydantic import StrictBool, StrictInt
 from inferfleet_operator.api.schema import Model, field, rule
 from inferfleet_operator.api.spec_common import (
     DNS_LABEL_PATTERN,
+    EXPOSURES,
     FAILURE_MODES,
     FALLBACKS,
     INFERENCE_POOL_MODES,
@@ -38,7 +39,9 @@ class ModelSpec(Model):
     )  # fmt: skip
     uri: str = field(
         ...,
-        "Where the weights are: pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH (hostPath) or s3://BUCKET/KEY.",
+        "Where the weights are: pvc://CLAIM/PATH, hf://ORG/NAME, file:///PATH (a folder of the node, mounted as a "
+        "hostPath: only under a root an administrator allowed, chart value modelHostPaths.allowedRoots, else the "
+        "service is Degraded with reason HostPathNotAllowed and nothing mounts it) or s3://BUCKET/KEY.",
         max_length=1024,
         rules=[
             rule(
@@ -208,7 +211,8 @@ class AutoscalingSpec(Model):
 class SecretKeyRef(Model):
     """A Secret in the service's namespace whose key holds the API keys clients must send as 'Authorization: Bearer
     KEY' (several keys separated by commas). The serving containers get it as the environment variable
-    INFERFLEET_API_KEY through a secretKeyRef; the operator never reads it. Unset, the endpoints are open."""
+    INFERFLEET_API_KEY through a secretKeyRef; the operator never reads it. Unset, the endpoints are open to whoever
+    may connect (spec.networkPolicy)."""
 
     name: str = field(..., "Name of the Secret.", pattern=SECRET_NAME_PATTERN, max_length=253)
     key: str = field("api-key", "Key inside the Secret.", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
@@ -238,12 +242,29 @@ class NetworkPeer(Model):
 
 
 class NetworkPolicySpec(Model):
-    """Set: a NetworkPolicy admits traffic to the serving pods' port only from the pods listed in allow and from the
-    operator's own pods (its autoscaler reads /metrics); every other pod of the cluster is refused. Needs a network
-    plugin that enforces NetworkPolicies. Unset: no NetworkPolicy, the pods take any traffic."""
+    """Who may connect to the serving pods' port. Unless exposure is Cluster, a NetworkPolicy admits traffic to that
+    port only from the peers exposure names, the pods listed in allow and the operator's own pods (its autoscaler
+    reads /metrics); every other pod of the cluster is refused. Needs a network plugin that enforces NetworkPolicies.
+    Absent: as exposure Namespace with nothing listed."""
 
+    RULES = (
+        rule(
+            "!has(self.exposure) || self.exposure != 'Cluster' || !has(self.allow) || size(self.allow) == 0",
+            "networkPolicy.allow has no effect with exposure Cluster (every pod may connect): remove allow or use "
+            "exposure Namespace or Listed",
+        ),
+    )
+
+    exposure: str = field(
+        "Listed",
+        "Namespace: every pod of the service's namespace, plus allow. Listed (the default once networkPolicy is "
+        "given): only allow, and {} admits only the operator. Cluster: no NetworkPolicy, every pod of the cluster "
+        "may connect (without spec.auth.apiKeySecret the status condition Exposed is True). A service without "
+        "networkPolicy is treated as Namespace.",
+        enum=EXPOSURES,
+    )
     allow: tuple[NetworkPeer, ...] = field(
-        (), "Who may call: namespaces, optionally narrowed to pods with given labels.", max_items=32
+        (), "Who else may call: namespaces, optionally narrowed to pods with given labels.", max_items=32
     )
 
 
@@ -292,4 +313,10 @@ class InferenceServiceSpec(Model):
     # Replicas then follow the pods' own load metrics; spec.replicas is only the starting point.
     autoscaling: AutoscalingSpec | None = field(None)
     auth: AuthSpec = field(factory=AuthSpec)
-    network_policy: NetworkPolicySpec | None = field(None)  # None: no NetworkPolicy (the pods take any traffic)
+    # None: as exposure Namespace (the service's own namespace and the operator may connect).
+    network_policy: NetworkPolicySpec | None = field(None)
+
+    @property
+    def exposure(self) -> str:
+        """Who may connect: spec.networkPolicy.exposure, Namespace when networkPolicy is absent."""
+        return "Namespace" if self.network_policy is None else self.network_policy.exposure

@@ -117,7 +117,7 @@ class InferenceServiceStatus(Model):
     """Observed state; written by the operator."""
 
     observed_generation: Count = int64("Generation the status was computed for.")
-    conditions: tuple[Condition, ...] | None = keyed("Ready, EnginesBuilt, RolledOut, Degraded.", 16, "type")
+    conditions: tuple[Condition, ...] | None = keyed("Ready, EnginesBuilt, RolledOut, Degraded, Exposed.", 16, "type")
     endpoint: Text = field(None, "OpenAI-compatible base URL inside the cluster.")
     pool_count: Count = field(None, "Pools chosen to serve.")
     runtimes: Text = field(None, "What serves now, e.g. Compiled=1,Paged=2.")
@@ -153,6 +153,12 @@ class EngineBuildStatus(Model):
     )
     resolved_revision: Text = field(
         None, "The hub commit an hf:// revision resolved to when the engine was compiled.", pattern=r"^[0-9a-f]{40}$"
+    )
+    engine_digest: Text = field(
+        None,
+        "Digest of the engine the compile Job built (sha256 of its manifest, which lists every file's sha256), "
+        "reported by the Job; serving pods load only the engine of this digest.",
+        pattern=r"^sha256:[0-9a-f]{64}$",
     )
     artifact_size_bytes: Count = int64("Engine size.")
     start_time: Text = time("When the successful attempt started.")

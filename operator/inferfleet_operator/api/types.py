@@ -15,6 +15,7 @@ from inferfleet_operator.api.spec_common import (
     BUILD_STATES,
     DTYPES,
     ENGINES,
+    EXPOSURES,
     FAILURE_MODES,
     FALLBACKS,
     INFERENCE_POOL_MODES,
@@ -45,8 +46,8 @@ from inferfleet_operator.api.spec_service import (
 )
 
 __all__ = [
-    "BLOCK_SIZES", "BUILD_STATES", "DTYPES", "ENGINES", "FAILURE_MODES", "FALLBACKS", "INFERENCE_POOL_MODES",
-    "POLICIES", "QUANTIZATIONS", "TENSOR_PARALLEL_SIZES", "VENDORS",
+    "BLOCK_SIZES", "BUILD_STATES", "DTYPES", "ENGINES", "EXPOSURES", "FAILURE_MODES", "FALLBACKS",
+    "INFERENCE_POOL_MODES", "POLICIES", "QUANTIZATIONS", "TENSOR_PARALLEL_SIZES", "VENDORS",
     "AuthSpec", "AutoscalingSpec", "BuildPlacement", "BuildResources", "BuildSpec", "EndpointPicker", "EngineBuild",
     "EngineBuildSpec", "EngineEnvelope", "InferenceRuntime", "InferenceRuntimeSpec", "InferenceService",
     "InferenceServiceSpec", "ModelSpec", "NetworkPeer", "NetworkPolicySpec", "ObjectRef", "Placement",
@@ -175,6 +176,12 @@ class PlanSettings:
     # the pods' /metrics; "" = not known (the chart always passes them).
     scraper_namespace: str = ""
     scraper_labels: tuple[tuple[str, str], ...] = ()
+    # Host folders file:// models may mount (normalised absolute paths, whole components); none by default.
+    host_path_roots: tuple[str, ...] = ()
+    # The administrator's choice to let services of different namespaces share one engine (its key leaves the
+    # namespace out, and compile Jobs keep an engine of the key found on the cache): every namespace that can write
+    # the engine cache is then trusted with every other's engines. Off: each namespace builds its own.
+    share_engines_across_namespaces: bool = False
 
 
 DEFAULT_SETTINGS = PlanSettings()

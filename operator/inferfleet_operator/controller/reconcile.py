@@ -37,7 +37,7 @@ from inferfleet_operator.controller.recorder import EventRecorder, object_ref
 from inferfleet_operator.controller.settings import OperatorConfig
 from inferfleet_operator.kube.client import ApiError, Kube
 from inferfleet_operator.kube.diff import is_subset, needs_apply, with_applied_hash
-from inferfleet_operator.plan import build_jobs, build_lifecycle, builds, findings, planner
+from inferfleet_operator.plan import build_jobs, build_lifecycle, builds, findings, host_paths, planner
 from inferfleet_operator.plan import manifests as m
 
 logger = logging.getLogger("inferfleet_operator")
@@ -342,6 +342,12 @@ async def reconcile_build(ctx: Context, namespace: str, name: str) -> float | No
         )
 
     plan = plan_with(refused)
+    # A compile Job mounts a file:// model's host folder: only under a root the administrator allowed (an
+    # EngineBuild can be made by hand, without the service that would have been refused).
+    why = host_paths.refusal(str((build.get("spec") or {}).get("modelUri") or ""), ctx.plan_settings.host_path_roots)
+    if plan.job is not None and why is not None:
+        generation = int(build["metadata"].get("generation") or 0)
+        plan = host_paths.refused_build(plan, why, build.get("status") or {}, now, generation)
     num_changes = 0
     failure: ApiError | None = None
     if plan.job is not None:

@@ -7,6 +7,7 @@ import dataclasses
 
 from inferfleet_operator.api.names import MANAGER
 from inferfleet_operator.api.types import PlanSettings
+from inferfleet_operator.plan.host_paths import normalise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,9 +32,13 @@ class OperatorConfig:
     scrape_url_template: str = "http://{ip}:{port}/metrics"
     # "delete": a garbage-collected EngineBuild's engine directory is removed by a prune Job; "keep": left on the claim.
     engine_gc: str = "delete"
+    # One engine per key for every namespace (the key leaves the namespace out); off: each namespace builds its own.
+    share_engines_across_namespaces: bool = False
     # Where the operator's pods run and their labels: every service NetworkPolicy admits them (the autoscaler).
     scraper_namespace: str = ""
     scraper_labels: tuple[tuple[str, str], ...] = ()
+    # Host folders file:// model URIs may mount (chart value modelHostPaths.allowedRoots); empty: none.
+    model_host_path_roots: tuple[str, ...] = ()
 
     @property
     def is_clusterwide(self) -> bool:
@@ -44,8 +49,10 @@ class OperatorConfig:
             engine_cache_claim=self.engine_cache_claim,
             build_retention_seconds=self.build_retention_seconds,
             max_backoff_seconds=self.max_backoff_seconds,
+            share_engines_across_namespaces=self.share_engines_across_namespaces,
             scraper_namespace=self.scraper_namespace,
             scraper_labels=self.scraper_labels,
+            host_path_roots=self.model_host_path_roots,
         )
 
 
@@ -57,6 +64,19 @@ def _labels(text: str) -> tuple[tuple[str, str], ...]:
             raise argparse.ArgumentTypeError(f"expected KEY=VALUE,KEY=VALUE,..., got {text!r}")
         pairs.append((key, value))
     return tuple(sorted(pairs))
+
+
+def _host_root(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"expected an absolute path, got {text!r}")
+    return normalise(text)
+
+
+class _AppendToTuple(argparse.Action):
+    """A repeatable flag whose value is a tuple (argparse's append cannot extend one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, (*getattr(namespace, self.dest), values))
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -167,6 +187,14 @@ def build_parser(default_instance: str = _DEFAULTS["instance"]) -> argparse.Argu
     )
     _flag(
         parser,
+        "share_engines_across_namespaces",
+        action="store_true",
+        help="let services of different namespaces share one compiled engine: its key leaves the namespace out and "
+        "a compile Job keeps an engine of the key it finds on the cache, so every namespace that can write the "
+        "engine cache is trusted with every other's engines (default: off, each namespace builds its own)",
+    )
+    _flag(
+        parser,
         "scraper_namespace",
         metavar="NAMESPACE",
         help="the operator's own namespace, admitted by every service NetworkPolicy (spec.networkPolicy) so "
@@ -180,6 +208,17 @@ def build_parser(default_instance: str = _DEFAULTS["instance"]) -> argparse.Argu
         metavar="K=V,...",
         help="labels of the operator's pods, with --scraper-namespace",
         shown="none",
+    )
+    parser.add_argument(
+        "--model-host-path-root",
+        dest="model_host_path_roots",
+        action=_AppendToTuple,
+        type=_host_root,
+        default=_DEFAULTS["model_host_path_roots"],
+        metavar="PATH",
+        help="a host folder under which file:// model URIs may mount a hostPath (repeatable; compared on whole "
+        "path components after normalising); services naming any other are refused with HostPathNotAllowed "
+        "(default: none)",
     )
     _flag(parser, "log_level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="how much the operator logs")
     return parser
@@ -200,4 +239,5 @@ def parse_args(argv: list[str] | None, *, default_instance: str) -> OperatorConf
     values["namespaces"] = tuple(args.namespaces or _DEFAULTS["namespaces"])
     values["error_delays"] = tuple(args.error_delays)
     values["scraper_labels"] = tuple(args.scraper_labels)
+    values["model_host_path_roots"] = tuple(args.model_host_path_roots)
     return OperatorConfig(**values)

@@ -58,9 +58,13 @@ def compile_pod_failure_policy(has_fetch: bool) -> dict:
     return {"rules": rules}
 
 
-def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: int, settings: PlanSettings) -> dict:
+def compile_job_for(
+    name: str, namespace: str, spec: EngineBuildSpec, attempt: int, settings: PlanSettings, engine_digest: str = ""
+) -> dict:
     """The Job of one attempt of a build. backoffLimit 0: retries are EngineBuild attempts, each its own Job
-    (a pod lost with its node is not an attempt: compile_pod_failure_policy)."""
+    (a pod lost with its node is not an attempt: compile_pod_failure_policy). An engine the Job finds in its
+    directory is rebuilt unless it is the engine of engine_digest (the one the build recorded, "" for none), or any
+    intact one of the key when the administrator shares engines across namespaces."""
     job_name = bounded_name(name, str(attempt))
     labels = common_labels() | {BUILD_LABEL: name, ENGINE_KEY_LABEL: spec.engine_key, COMPONENT_LABEL: "compiler"}
     annotations = {ATTEMPT_ANNOTATION: str(attempt)}
@@ -76,6 +80,10 @@ def compile_job_for(name: str, namespace: str, spec: EngineBuildSpec, attempt: i
         spec.architecture,
         "--content-addressed",
     ]
+    if settings.share_engines_across_namespaces:
+        args.append("--keep-existing")
+    elif engine_digest:
+        args += ["--engine-digest", engine_digest]
     limits = {"memory": spec.resources.memory}
     if spec.gpu_resource:
         limits[spec.gpu_resource] = str(spec.gpus)

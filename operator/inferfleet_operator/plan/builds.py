@@ -23,7 +23,7 @@ from inferfleet_operator.plan import findings as f
 from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.build_jobs import PRUNER_COMPONENT, compile_job_for
 from inferfleet_operator.plan.build_lifecycle import attempt_of
-from inferfleet_operator.plan.engine_key import spec_key
+from inferfleet_operator.plan.engine_key import key_namespace, spec_key
 
 
 @dataclass
@@ -34,8 +34,9 @@ class BuildPlan:
         to be created: the attempt's Job already exists (it is among `jobs`), the build is Ready or Failed,
         or the backoff before the next attempt has not passed (see requeue_after).
     status: the whole EngineBuild .status (state Pending|Building|Ready|Failed, attempts, maxAttempts,
-        currentJob, progress, message, failureReason, artifactPath, artifactSizeBytes, startTime,
-        completionTime, durationSeconds, nextAttemptTime, conditions, observedGeneration). Deterministic.
+        currentJob, progress, message, failureReason, artifactPath, artifactSizeBytes, modelDigest, engineDigest,
+        resolvedRevision, startTime, completionTime, durationSeconds, nextAttemptTime, conditions,
+        observedGeneration). Deterministic.
     requeue_after: seconds until the build should be looked at again without a watch event (backoff).
     events: Events for changes against the previous status.
     """
@@ -116,18 +117,23 @@ def _result(pods: list[dict]) -> dict:
 PRUNE_RECHECK_SECONDS = 30.0  # a build waiting for a prune Job looks again this often (besides the Job's events)
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_ENGINE_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")  # the runtime's manifest.DIGEST_PATTERN
+_REPORTED = ("artifactPath", "artifactSizeBytes", "modelDigest", "resolvedRevision", "engineDigest")  # by the Job
 
 
 def content_status(result: dict, key: str, settings: PlanSettings) -> dict:
-    """What the compile container reported of the model it compiled: modelDigest (the digest of its content
-    manifest, which names the engine's directory under its key) and resolvedRevision (the hub commit). A value
-    not of its form is ignored: the message is the pod's to write, and the digest becomes a path."""
-    digest, commit = result.get("modelDigest"), result.get("modelCommit")
+    """What the compile container reported: modelDigest (of the model's content manifest; names the engine's directory
+    under its key), resolvedRevision (the hub commit) and engineDigest (of the engine's manifest, which covers every
+    file: what the operator holds of the engine, not the cache, and passes to its serving pods). A value not of its
+    form is ignored: the message is the pod's to write, and the digests become a path and an argument."""
+    digest, commit, engine = result.get("modelDigest"), result.get("modelCommit"), result.get("engineDigest")
     out = {}
     if isinstance(digest, str) and _DIGEST.match(digest):
         out.update(modelDigest=digest, artifactPath=m.engine_dir(settings, key, digest))
     if isinstance(commit, str) and _COMMIT.match(commit):
         out["resolvedRevision"] = commit
+    if isinstance(engine, str) and _ENGINE_DIGEST.match(engine):
+        out["engineDigest"] = engine
     return out
 
 
@@ -195,8 +201,16 @@ def plan_build(
     except SpecError as error:
         status = {"state": "Failed", "attempts": 0, "failureReason": str(error), "message": str(error)}
         return _finish(status, previous, prev_conditions, now, generation, None, None)
-    expected = spec_key(spec)
+    scope = key_namespace(namespace, settings)
+    expected = spec_key(spec, scope)
     if expected != spec.engine_key or name != spec.engine_key:
+        other = spec_key(spec, "" if scope else namespace)
+        if name == spec.engine_key == other and previous.get("state") == "Ready":
+            # Keyed under the other sharing setting (before the namespace entered the key, or before the administrator
+            # changed --share-engines-across-namespaces): its engine serves on until the services' builds of the
+            # current key are Ready, then it is garbage; no Job writes into its directory again.
+            kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
+            return _finish(kept, previous, prev_conditions, now, generation, None, None)
         text = (
             f"spec does not hash to its key: engineKey {spec.engine_key!r} (name {name!r}), the spec's hash is "
             f"{expected!r}; nothing is built"
@@ -232,8 +246,11 @@ def plan_build(
     }
     owner = m.owner_reference(API_VERSION, BUILD_KIND, name, uid)
 
+    recorded = previous.get("engineDigest")  # of the engine a serving pod found lost: kept if it is intact after all
+
     def new_job(attempt: int) -> dict:
-        job = compile_job_for(name, namespace, spec, attempt, settings)
+        digest = recorded if isinstance(recorded, str) and _ENGINE_DIGEST.match(recorded) else ""
+        job = compile_job_for(name, namespace, spec, attempt, settings, digest)
         job["metadata"]["ownerReferences"] = [owner]
         return job
 
@@ -271,6 +288,10 @@ def plan_build(
             status["completionTime"] = format_time(end)
         if start and end:
             status["durationSeconds"] = int((end - start).total_seconds())
+        if not job_pods and previous.get("currentJob") == succeeded["metadata"]["name"]:
+            # Its pods were garbage-collected before the Job: what they reported stands.
+            status.update({k: previous[k] for k in _REPORTED if k in previous})
+            return _finish(status, previous, prev_conditions, now, generation, None, None)
         if isinstance(result.get("artifactSizeBytes"), int):
             status["artifactSizeBytes"] = result["artifactSizeBytes"]
         status.update(content_status(result, spec.engine_key, settings))

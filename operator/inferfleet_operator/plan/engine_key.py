@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from inferfleet_operator.api.types import EngineBuildSpec, EngineEnvelope, from_dict, to_dict
+from inferfleet_operator.api.types import EngineBuildSpec, EngineEnvelope, PlanSettings, from_dict, to_dict
 
 KEY_LENGTH = 16  # hex characters (64 bits): an EngineBuild's name
 
@@ -25,9 +25,12 @@ def canonical_form(
     architecture: str,
     runtime_image: str,
     quantization: str = "Auto",
+    namespace: str = "",
 ) -> str:
     """quantization (spec.model.quantization) enters only when the runtime quantizes (Int8, Int4): Auto and None
-    serve the checkpoint's own weights, and the keys of engines built before the field existed stay valid."""
+    serve the checkpoint's own weights, and the keys of engines built before the field existed stay valid.
+    namespace: the namespace whose engine this is, so that tenants never share an engine directory; "" when an
+    administrator shares engines across namespaces (the key engines had before the namespace entered it)."""
     model = {"revision": revision or "main", "uri": model_uri}
     if quantization in ("Int8", "Int4"):
         model["quantization"] = quantization
@@ -37,6 +40,8 @@ def canonical_form(
         "model": model,
         "runtimeImage": runtime_image,
     }
+    if namespace:
+        document["namespace"] = namespace
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
 
@@ -47,9 +52,10 @@ def engine_key(
     architecture: str,
     runtime_image: str,
     quantization: str = "Auto",
+    namespace: str = "",
 ) -> str:
     """sha256 of the canonical JSON, first KEY_LENGTH hex digits."""
-    text = canonical_form(model_uri, revision, envelope, architecture, runtime_image, quantization)
+    text = canonical_form(model_uri, revision, envelope, architecture, runtime_image, quantization, namespace)
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
@@ -58,9 +64,15 @@ def runtime_identity(compile_image: str, image: str) -> str:
     return f"compile={compile_image};serve={image}"
 
 
-def spec_key(spec: EngineBuildSpec) -> str:
-    """The key an EngineBuild's spec hashes to; a build whose spec.engineKey differs is refused (KeyMismatch):
-    its name would promise one engine and its Job would build another."""
+def key_namespace(namespace: str, settings: PlanSettings) -> str:
+    """The namespace that enters the keys of `namespace`'s engines: itself, or "" when the administrator shares
+    engines across namespaces (--share-engines-across-namespaces)."""
+    return "" if settings.share_engines_across_namespaces else namespace
+
+
+def spec_key(spec: EngineBuildSpec, namespace: str) -> str:
+    """The key an EngineBuild's spec hashes to in `namespace` (key_namespace); a build whose spec.engineKey differs
+    is refused (KeyMismatch): its name would promise one engine and its Job would build another."""
     return engine_key(
         spec.model_uri,
         spec.revision,
@@ -68,4 +80,5 @@ def spec_key(spec: EngineBuildSpec) -> str:
         spec.architecture,
         runtime_identity(spec.compile_image, spec.image),
         spec.quantization,
+        namespace,
     )

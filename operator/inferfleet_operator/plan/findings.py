@@ -11,6 +11,7 @@ from inferfleet_operator.api import conditions as c
 # Findings are reported in this order (the first one's reason names the Degraded condition): what
 # blocks everything first, then what blocks one pod.
 ORDER = (
+    c.REASON_HOST_PATH_NOT_ALLOWED,
     c.REASON_APPLY_FAILED,
     c.REASON_NOT_OWNED,
     c.REASON_KEY_MISMATCH,

@@ -1,4 +1,5 @@
-"""Builders of the objects the operator applies: pool Deployments, the Service, the PodDisruptionBudget, EngineBuilds, compile Jobs."""
+"""Builders of the objects the operator applies: pool Deployments, the Service, the PodDisruptionBudget, EngineBuilds,
+compile Jobs (the NetworkPolicy is network.py's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from inferfleet_operator.api.names import (
     MANAGED_BY_LABEL,
     MANAGER,
     NAME_LABEL,
-    NAMESPACE_NAME_LABEL,
     POOL_LABEL,
     REF_LABEL_PREFIX,
     RUNTIME_ANNOTATION,
@@ -31,6 +31,7 @@ from inferfleet_operator.api.types import (
     to_dict,
     uri_scheme,
 )
+from inferfleet_operator.plan.host_paths import normalise
 from inferfleet_operator.plan.pools import Pool
 
 RUN_AS = 1000  # the runtime images' non-root user
@@ -74,6 +75,7 @@ class PoolServing:
     replicas: int
     gpu_resource: str  # "" for cpu pools
     model_digest: str = ""  # the served build's model content digest ("" for builds made before content addressing)
+    engine_digest: str = ""  # the digest of the engine its compile Job built (status.engineDigest; "" when unknown)
 
 
 def engine_dir(settings: PlanSettings, key: str, model_digest: str = "") -> str:
@@ -145,7 +147,8 @@ def _model_source(uri: str, revision: str, settings: PlanSettings, size: str = "
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         return f"{settings.model_mount}/{path.strip('/')}", volume, []
     if scheme == "file":
-        volume = {"name": "model", "hostPath": {"path": rest, "type": "Directory"}}
+        # The path host_paths checked against the allowed roots, normalised: what is mounted is what was allowed.
+        volume = {"name": "model", "hostPath": {"path": normalise(rest), "type": "Directory"}}
         return settings.model_mount, volume, []
     directory = f"{settings.model_mount}/model"
     args = ["fetch", "--uri", uri, "--to", directory]
@@ -260,6 +263,8 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     if serving.engine == "Compiled":
         directory = engine_dir(settings, serving.engine_key, serving.model_digest)
         args = ["serve", "--engine-dir", directory, "--engine", "compiled"]
+        if serving.engine_digest:  # the server loads only that engine: the folder is writable by others than its Job
+            args += ["--engine-digest", serving.engine_digest]
         volumes.append(
             {"name": "engines", "persistentVolumeClaim": {"claimName": settings.engine_cache_claim, "readOnly": True}}
         )
@@ -344,38 +349,6 @@ def service_for(service: InferenceService, settings: PlanSettings) -> dict:
             "type": "ClusterIP",
             "selector": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"},
             "ports": [{"name": "http", "port": settings.port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
-
-
-def network_policy_for(service: InferenceService, settings: PlanSettings) -> dict:
-    """Ingress to the serving pods' port only from spec.networkPolicy.allow and the operator's own pods (the
-    autoscaler reads /metrics there); other ports and every other peer are refused. Egress is not restricted.
-    The kubelet's probes come from the node and are not subject to it on the common network plugins."""
-    namespace = service.meta.namespace
-    peers = [
-        {
-            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: peer.namespace or namespace}},
-            "podSelector": {"matchLabels": dict(sorted(peer.pod_labels.items()))} if peer.pod_labels else {},
-        }
-        for peer in service.spec.network_policy.allow
-    ]
-    if settings.scraper_namespace:
-        peers.append(
-            {
-                "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: settings.scraper_namespace}},
-                "podSelector": {"matchLabels": dict(sorted(settings.scraper_labels))},
-            }
-        )
-    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": settings.port}]}] if peers else []
-    return {
-        "apiVersion": KINDS["NetworkPolicy"].api_version,
-        "kind": "NetworkPolicy",
-        "metadata": {"name": service.meta.name, "namespace": namespace, "labels": common_labels(service.meta.name)},
-        "spec": {
-            "podSelector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}},
-            "policyTypes": ["Ingress"],
-            "ingress": ingress,
         },
     }
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from inferfleet_operator.api.conditions import PlannedEvent
 from inferfleet_operator.api.names import POOL_LABEL
 from inferfleet_operator.api.types import DEFAULT_SETTINGS, InferenceService, PlanSettings, parse_service
-from inferfleet_operator.plan import build_lifecycle, findings
+from inferfleet_operator.plan import build_lifecycle, findings, host_paths
 from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.autoscaling import History, LoadReading, PoolLoad, Scaling, free_capacity, scale
 from inferfleet_operator.plan.choice import Excluded, PoolChoice, choose_runtimes, placement_tier
@@ -129,7 +129,7 @@ def _autoscale(
     loads = []
     for choice in choices:
         name, capacity = choice.pool.name, capacities[choice.pool.name]
-        decision = decide(service, choice, replicas[name], capacity, inputs.builds, deployments)
+        decision = decide(service, choice, replicas[name], capacity, inputs.builds, deployments, inputs.settings)
         live = deployments.get(m.deployment_name(service.meta.name, name))
         if live is not None:
             current = int(live.get("spec", {}).get("replicas", decision.num_replicas))
@@ -204,8 +204,10 @@ def plan_reconcile(inputs: ServiceInputs) -> ServicePlan:
     service = parse_service(inputs.service)
     spec, previous = service.spec, service.status
     deployments = {d["metadata"]["name"]: d for d in inputs.children.get("Deployment", ())}
+    # A model whose host path no administrator allowed gets no pool: nothing mounts it, earlier pods are deleted.
+    not_allowed = host_paths.service_refusal(spec.model.uri, inputs.settings.host_path_roots)
     usable, excluded = [], []
-    for pool in inputs.view.pools:
+    for pool in inputs.view.pools if not_allowed is None else ():
         result = service_pool(pool, service) if pool.node_names else pool
         (excluded if isinstance(result, Excluded) else usable).append(result)
     choices, not_chosen = choose_runtimes(spec, usable, list(inputs.view.runtimes))
@@ -237,7 +239,8 @@ def plan_reconcile(inputs: ServiceInputs) -> ServicePlan:
         service, pools.serving, inputs.is_pool_crd_served, inputs.is_routing_allowed, inputs.settings, previous_pool
     )
     endpoint = m.endpoint_for(service, inputs.settings)
-    status = build_status(service, pools.entries, excluded, distribution.num_unplaced, endpoint, inputs.now)
+    num_unplaced = distribution.num_unplaced if not_allowed is None else 0
+    status = build_status(service, pools.entries, excluded, num_unplaced, endpoint, inputs.now, not_allowed)
     if scaling is not None:
         status["autoscaling"] = scaling.status()
     status["routing"] = routing.status
@@ -248,11 +251,12 @@ def plan_reconcile(inputs: ServiceInputs) -> ServicePlan:
     # A refusal of an object the plan no longer has (the user changed the spec) is over.
     planned = {(d["kind"], d["metadata"]["name"]) for d in pools.engine_builds + pools.children}
     refused = {k: v for k, v in inputs.refused.items() if k[:2] in planned}
+    found = _findings(inputs, pools.entries, pools.children, not_owned) + ([not_allowed] if not_allowed else [])
     report = StatusReport(
         planned=status,
         pool_events=tuple(pool_events(previous, status)),
         other_events=tuple(scaling.events() if is_new_scaling else ()),
-        found=tuple(_findings(inputs, pools.entries, pools.children, not_owned)),
+        found=tuple(found),
         previous=previous,
         now=inputs.now,
         generation=service.meta.generation,

@@ -17,8 +17,9 @@ from inferfleet_operator.api.types import (
 from inferfleet_operator.plan import manifests as m
 from inferfleet_operator.plan.choice import PoolChoice
 from inferfleet_operator.plan.cluster import ClusterView, gpu_toleration
-from inferfleet_operator.plan.engine_key import engine_key, runtime_identity
+from inferfleet_operator.plan.engine_key import engine_key, key_namespace, runtime_identity
 from inferfleet_operator.plan.manifests import PoolServing
+from inferfleet_operator.plan.network import network_policy_for
 from inferfleet_operator.plan.pool_decision import PoolDecision, decide_pool
 
 MAX_LISTED_NODES = 100  # status.pools[].excludedNodes lists at most this many (excludedNodeCount counts all)
@@ -104,7 +105,9 @@ def _serving_key(deployment: dict | None) -> str:
     return ((deployment or {}).get("metadata") or {}).get("annotations", {}).get(ENGINE_KEY_ANNOTATION, "")
 
 
-def decide(service, choice: PoolChoice, replicas: int, capacity: int, builds, deployments) -> PoolDecision:
+def decide(
+    service, choice: PoolChoice, replicas: int, capacity: int, builds, deployments, settings: PlanSettings
+) -> PoolDecision:
     """What one pool serves with `replicas` and why."""
     pool, spec = choice.pool, service.spec
     key = ""
@@ -116,6 +119,7 @@ def decide(service, choice: PoolChoice, replicas: int, capacity: int, builds, de
             pool.architecture,
             _runtime_identity(choice.runtime),
             spec.model.quantization,
+            key_namespace(service.meta.namespace, settings),
         )
     previous_key = _serving_key(deployments.get(m.deployment_name(service.meta.name, pool.name)))
     decision = decide_pool(
@@ -163,8 +167,11 @@ def _plan_pool(
     # A compiled pool served paged (bridge, fallback) runs its paged companion.
     runtime = choice.runtime if decision.engine == choice.engine else choice.paged_runtime
     gpu_resource = "" if pool.vendor == "cpu" else (runtime.spec.gpu_resource or pool.gpu_resource)
-    digest = ((builds.get(decision.engine_key) or {}).get("status") or {}).get("modelDigest", "")
-    serving = PoolServing(pool, runtime, decision.engine, decision.engine_key, replicas, gpu_resource, digest)
+    build_status = (builds.get(decision.engine_key) or {}).get("status") or {}
+    digest, served_engine_digest = build_status.get("modelDigest", ""), build_status.get("engineDigest", "")
+    serving = PoolServing(
+        pool, runtime, decision.engine, decision.engine_key, replicas, gpu_resource, digest, served_engine_digest
+    )
     return entry, serving
 
 
@@ -195,7 +202,7 @@ def plan_pools(
     entries, children, serving_pools = [], [], []
     for choice in choices:
         name = choice.pool.name
-        decision = decide(service, choice, replicas[name], capacities[name], builds, deployments)
+        decision = decide(service, choice, replicas[name], capacities[name], builds, deployments, settings)
         entry, serving = _plan_pool(service, choice, decision, replicas[name], builds, deployments)
         for key in decision.build_keys:
             wanted_builds.setdefault(key, _build_spec(service, choice, key, view, builds.get(key)))
@@ -204,8 +211,9 @@ def plan_pools(
             serving_pools.append(name)
         entries.append(entry)
     children += [m.service_for(service, settings), m.pdb_for(service)]
-    if service.spec.network_policy is not None:
-        children.append(m.network_policy_for(service, settings))
+    policy = network_policy_for(service, settings)
+    if policy is not None:
+        children.append(policy)
     owner = m.owner_reference(API_VERSION, SERVICE_KIND, meta.name, meta.uid)
     for child in children:
         child["metadata"]["ownerReferences"] = [owner]

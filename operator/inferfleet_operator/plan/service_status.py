@@ -10,6 +10,7 @@ from inferfleet_operator.api import conditions as c
 from inferfleet_operator.api.types import InferenceService
 from inferfleet_operator.plan import findings
 from inferfleet_operator.plan.choice import Excluded
+from inferfleet_operator.plan.network import exposed
 
 TRANSITIONAL = (c.REASON_BRIDGING, c.REASON_SERVING_PREVIOUS_ENGINE, c.REASON_WAITING_FOR_BUILD)
 FAILED = (c.REASON_FALLBACK_PAGED, c.REASON_BUILD_FAILED_NO_FALLBACK)
@@ -74,14 +75,18 @@ def build_status(
     num_unplaced: int,
     endpoint: str,
     now: datetime,
+    refused: findings.Finding | None = None,
 ) -> dict:
+    """refused: why the service may not run at all (its model's host path): Ready is False with its reason, and the
+    finding, folded in by StatusReport, makes Degraded True."""
     previous = c.by_type(service.status.get("conditions"))
     generation = service.meta.generation
     computed = {
-        c.READY: _ready(entries, excluded),
+        c.READY: (c.FALSE, refused.reason, refused.text) if refused else _ready(entries, excluded),
         c.ENGINES_BUILT: _engines_built(entries),
         c.ROLLED_OUT: _rolled_out(entries),
         c.DEGRADED: _degraded(entries, num_unplaced),
+        c.EXPOSED: exposed(service),
     }
     conditions = [c.condition(previous, t, *computed[t], now, generation) for t in c.SERVICE_CONDITIONS]
     serving = sorted(e["servingEngine"] for e in entries if e["servingEngine"] != "None")
@@ -143,9 +148,12 @@ def pool_events(previous: dict, status: dict) -> list[c.PlannedEvent]:
     old_conditions = c.by_type(previous.get("conditions"))
     good = []
     for cond in status["conditions"]:
-        if old_conditions and c.flipped(old_conditions, cond):
+        is_warning = (cond["type"] in c.WARN_WHEN_TRUE) == (cond["status"] == c.TRUE)
+        # A first status speaks only of a service open to the cluster; other conditions speak when they flip.
+        is_first_exposure = not old_conditions and cond["type"] == c.EXPOSED and cond["status"] == c.TRUE
+        if (old_conditions and c.flipped(old_conditions, cond)) or is_first_exposure:
             text = f"{cond['type']} is {cond['status']}: {cond['message']}"
-            if (cond["type"] == c.DEGRADED) == (cond["status"] == c.TRUE):
+            if is_warning:
                 events.append(c.warning(cond["reason"], text))
             else:
                 good.append((cond["reason"], text))

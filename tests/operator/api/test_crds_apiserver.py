@@ -257,10 +257,11 @@ def test_the_api_server_admits_the_compile_job_and_the_service_network_policy(ku
     real API server."""
     from inferfleet_operator.api.types import PlanSettings, parse_service
     from inferfleet_operator.plan import build_jobs
-    from inferfleet_operator.plan import manifests as m
+    from inferfleet_operator.plan import network as m
 
-    for name in ("job-b576f1d816b422cc-1.yaml",):
-        job = yaml.safe_load((Path(__file__).resolve().parents[1] / "golden" / name).read_text())
+    for path in sorted((Path(__file__).resolve().parents[1] / "golden").glob("job-*.yaml")):  # named by engine key
+        name = path.name
+        job = yaml.safe_load(path.read_text())
         job["metadata"].pop("ownerReferences")  # the owner does not exist here
         job["metadata"]["namespace"] = "default"
         result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(job))
@@ -269,11 +270,13 @@ def test_the_api_server_admits_the_compile_job_and_the_service_network_policy(ku
     pruner = build_jobs.prune_job_for("default", "0123456789abcdef", "00ff00ff00ff00ff", "runtime:1", PlanSettings())
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pruner))
     assert result.returncode == 0, result.stderr
-    service = json.loads(_service(networkPolicy={"allow": [{"namespace": "gateway", "podLabels": {"app": "envoy"}}]}))
     settings = PlanSettings(scraper_namespace="inferfleet-system", scraper_labels=(("app.kubernetes.io/name", "x"),))
-    policy = m.network_policy_for(parse_service(service), settings)
-    result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(policy))
-    assert result.returncode == 0, result.stderr
+    gateway = [{"namespace": "gateway", "podLabels": {"app": "envoy"}}]
+    for network_policy in ({"allow": gateway}, {"exposure": "Namespace", "allow": gateway}, None):
+        service = json.loads(_service(**({"networkPolicy": network_policy} if network_policy else {})))
+        policy = m.network_policy_for(parse_service(service), settings)
+        result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(policy))
+        assert result.returncode == 0, (network_policy, result.stderr)
     broken = m.network_policy_for(
         parse_service(json.loads(_service(networkPolicy={"allow": [{"podLabels": {"bad key!": "v"}}]}))), settings
     )

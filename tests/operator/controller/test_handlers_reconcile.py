@@ -279,7 +279,15 @@ def test_first_rollout_applies_builds_children_and_status_once_each():
     writes = world.reconcile()
     kinds = sorted(kind for _, kind in writes if kind != "Event")
     assert kinds == sorted(
-        ["EngineBuild", "Deployment", "Deployment", "Service", "PodDisruptionBudget", "InferenceService/status"]
+        [
+            "EngineBuild",
+            "Deployment",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "InferenceService/status",
+        ]
     )
     assert world.api.events, "a first rollout reports its pool decisions as Events"
     deployments = [k for k in world.api.objects if k[0] == "Deployment"]
@@ -777,11 +785,12 @@ def test_a_missing_api_key_secret_degrades_the_service_with_one_warning_and_no_s
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "NetworkPolicy",
         "Event",
     }
 
 
-def test_a_network_policy_follows_the_spec_and_goes_when_the_field_is_removed():
+def test_a_network_policy_follows_the_spec_and_goes_when_the_service_opens_to_the_cluster():
     service = _service()
     service["spec"]["networkPolicy"] = {"allow": [{"namespace": "gateway"}]}
     world = World([service])
@@ -797,10 +806,18 @@ def test_a_network_policy_follows_the_spec_and_goes_when_the_field_is_removed():
     ]
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
     world.sync()
-    del world.get("InferenceService", "llama")["spec"]["networkPolicy"]
+    del world.get("InferenceService", "llama")["spec"]["networkPolicy"]  # the default: its own namespace
+    world.sync()
+    assert ("PATCH", "NetworkPolicy") in world.reconcile()
+    assert world.get("NetworkPolicy", "llama")["spec"]["ingress"][0]["from"][0] == {"podSelector": {}}
+    world.sync()
+    world.get("InferenceService", "llama")["spec"]["networkPolicy"] = {"exposure": "Cluster"}
     world.sync()
     assert ("DELETE", "NetworkPolicy") in world.reconcile()
     assert world.get("NetworkPolicy", "llama") is None
+    exposed = next(c for c in world.get("InferenceService", "llama")["status"]["conditions"] if c["type"] == "Exposed")
+    assert (exposed["status"], exposed["reason"]) == ("True", "OpenToCluster")
+    assert "OpenToCluster" in [e["reason"] for e in world.api.events if e["type"] == "Warning"]
 
 
 def test_serving_pods_that_find_the_engine_lost_get_it_rebuilt_and_the_pool_bridged_meanwhile():
@@ -879,3 +896,37 @@ def test_with_engine_gc_keep_the_engine_directory_stays():
     name = world.build_name()
     writes, _ = _gc_ready_build(world, name, NOW + datetime.timedelta(seconds=61))
     assert ("DELETE", "EngineBuild") in writes and ("PATCH", "Job") not in writes
+
+
+def _file_world(uri, roots=()):
+    service = _service()
+    service["spec"]["model"]["uri"] = uri
+    world = World([service])
+    world.ctx.config = dataclasses.replace(world.ctx.config, model_host_path_roots=roots)
+    return world
+
+
+def test_a_service_whose_host_path_is_not_allowed_creates_nothing_that_mounts_it_and_warns():
+    world = _file_world("file:///var/lib/kubelet", roots=("/srv/models",))
+    writes = world.reconcile()
+    assert not [kind for _, kind in writes if kind in ("Deployment", "EngineBuild", "Job")]
+    degraded = _degraded(world)
+    assert (degraded["status"], degraded["reason"]) == ("True", "HostPathNotAllowed")
+    assert "modelHostPaths.allowedRoots" in degraded["message"]
+    assert [e["reason"] for e in world.api.events if e["type"] == "Warning"] == ["HostPathNotAllowed"]
+    world.sync()
+    assert world.reconcile() == [], "the same refusal is neither written nor posted twice"
+
+
+def test_an_engine_build_made_by_hand_for_a_host_path_not_allowed_runs_no_job():
+    world = _file_world("file:///srv/models/llama", roots=("/srv/models",))
+    world.reconcile()
+    world.sync()
+    name = world.build_name()
+    world.ctx.config = dataclasses.replace(world.ctx.config, model_host_path_roots=())  # the root withdrawn
+    writes, _ = world.reconcile_build(name)
+    assert ("PATCH", "Job") not in writes
+    status = world.get("EngineBuild", name)["status"]
+    assert "modelHostPaths.allowedRoots" in status["message"]
+    built = next(c for c in status["conditions"] if c["type"] == "Built")
+    assert (built["status"], built["reason"]) == ("False", "HostPathNotAllowed")

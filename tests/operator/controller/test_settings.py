@@ -38,3 +38,14 @@ def test_scraper_labels_parse_into_sorted_pairs_and_malformed_ones_are_refused(c
     with pytest.raises(SystemExit):
         parse_args(["--scraper-labels=novalue"], default_instance="p")
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_allowed_host_path_roots_are_repeatable_normalised_and_none_by_default(capsys):
+    assert parse_args([], default_instance="p").plan_settings().host_path_roots == ()
+    config = parse_args(
+        ["--model-host-path-root=/srv/models/", "--model-host-path-root=//data//shared"], default_instance="p"
+    )
+    assert config.plan_settings().host_path_roots == ("/srv/models", "/data/shared")
+    with pytest.raises(SystemExit):
+        parse_args(["--model-host-path-root=models"], default_instance="p")
+    assert "--model-host-path-root" in capsys.readouterr().err

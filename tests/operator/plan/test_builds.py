@@ -21,7 +21,8 @@ BASE = {
     "vendor": "nvidia", "architecture": "sm90", "image": "r:1", "compileImage": "c:1", "gpuResource": "nvidia.com/gpu",
     "gpus": 1, "maxAttempts": 3, "backoffSeconds": 10, "placement": {"nodeNames": ["h1", "h2"]},
 }  # fmt: skip
-KEY = spec_key(from_dict(EngineBuildSpec, BASE | {"engineKey": ""}))
+SPEC = from_dict(EngineBuildSpec, BASE | {"engineKey": ""})
+KEY = spec_key(SPEC, "team-a")  # the builds below live in team-a
 
 
 def build(status=None, **spec) -> dict:
@@ -422,3 +423,78 @@ def test_a_failed_fetch_in_a_compile_pod_is_the_failure_reason():
     p = plan_build(build(), [job(1, "failed")], NOW + timedelta(seconds=1), pods=[fetch])
     assert "exited 2" in p.status["failureReason"]
     assert p.status["failureReason"].endswith("unrecognized arguments: --revision v1")
+
+
+# ------------------------------------------------------------------ what the operator trusts of an engine
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _args(plan) -> list[str]:
+    return plan.job["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_succeeded_job_records_the_engine_digest_the_compile_job_reported():
+    message = json.dumps({"engineDigest": DIGEST, "modelDigest": "00ff00ff00ff00ff"})
+    s = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    assert s["engineDigest"] == DIGEST and s["artifactPath"] == f"/engines/{KEY}/00ff00ff00ff00ff"
+
+
+@pytest.mark.parametrize("digest", ["sha256:" + "AB" * 32, "sha256:abc", "md5:" + "ab" * 16, "ab" * 32, 7, "../x"])
+def test_a_reported_engine_digest_not_of_its_form_is_ignored(digest):
+    message = json.dumps({"engineDigest": digest})
+    s = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    assert "engineDigest" not in s
+
+
+def test_the_recorded_engine_digest_outlives_the_jobs_pods_and_the_job():
+    message = json.dumps({"engineDigest": DIGEST, "modelDigest": "00ff00ff00ff00ff"})
+    ready = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    # The pods are garbage-collected before the Job: what they said stands.
+    later = plan_build(build(ready), [job(1, "succeeded")], NOW + timedelta(hours=1)).status
+    assert (later["engineDigest"], later["artifactPath"]) == (DIGEST, f"/engines/{KEY}/00ff00ff00ff00ff")
+    # The Job is deleted by its TTL: so does the outcome.
+    assert plan_build(build(later), [], NOW + timedelta(days=1)).status["engineDigest"] == DIGEST
+
+
+def test_a_compile_job_keeps_an_engine_it_finds_only_when_it_has_the_recorded_digest():
+    first = plan_build(build(), [], NOW)
+    assert "--engine-digest" not in _args(first) and "--keep-existing" not in _args(first)  # nothing recorded: rebuild
+    message = json.dumps({"engineDigest": DIGEST})
+    ready = plan_build(build(), [job(1, "succeeded")], NOW, pods=[pod(f"{KEY}-1", 0, message)]).status
+    rebuild = plan_build(_lost(ready, f"{KEY}-1"), [], NOW)
+    args = _args(rebuild)
+    assert args[args.index("--engine-digest") + 1] == DIGEST and "--keep-existing" not in args
+
+
+def test_a_build_keyed_for_another_namespace_is_refused():
+    moved = build()
+    moved["metadata"]["namespace"] = "team-b"  # team-a's key: it would build into team-a's engine directory
+    p = plan_build(moved, [], NOW)
+    assert p.job is None and p.status["conditions"][0]["reason"] == "KeyMismatch"
+
+
+def _legacy(status=None) -> dict:
+    """A build keyed before the namespace entered the key (or shared across namespaces)."""
+    key = spec_key(SPEC, "")
+    out = build(status)
+    out["metadata"]["name"], out["spec"]["engineKey"] = key, key
+    return out
+
+
+def test_a_ready_build_keyed_without_its_namespace_serves_on_but_is_never_built_again():
+    ready = {"state": "Ready", "attempts": 1, "currentJob": f"{spec_key(SPEC, '')}-1", "message": "engine built"}
+    p = plan_build(_legacy(ready), [], NOW)
+    assert p.job is None and p.status["state"] == "Ready"  # its pools keep it until their new build is Ready
+    lost = _legacy(ready)
+    lost["metadata"]["annotations"] = {"inferfleet.dev/engine-lost": ready["currentJob"]}
+    assert plan_build(lost, [], NOW).job is None  # lost: no Job writes into a directory shared across namespaces
+    p = plan_build(_legacy(), [], NOW)
+    assert p.job is None and p.status["conditions"][0]["reason"] == "KeyMismatch"
+
+
+def test_engines_are_shared_across_namespaces_only_by_the_administrators_choice():
+    shared = PlanSettings(share_engines_across_namespaces=True)
+    p = plan_build(_legacy(), [], NOW, shared)
+    assert p.status["state"] == "Pending" and "--keep-existing" in _args(p)  # any namespace's engine of the key
+    assert plan_build(build(), [], NOW, shared).job is None  # a namespaced key is not built while shared

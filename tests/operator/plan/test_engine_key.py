@@ -59,3 +59,33 @@ def test_runtime_quantization_changes_the_key_and_the_checkpoints_own_weights_do
     assert engine_key(*ARGS, "Auto") == engine_key(*ARGS) == engine_key(*ARGS, "None")
     keys = {engine_key(*ARGS), engine_key(*ARGS, "Int8"), engine_key(*ARGS, "Int4")}
     assert len(keys) == 3
+
+
+def test_the_namespace_enters_the_key_so_two_namespaces_never_share_an_engine_directory():
+    keys = {engine_key(*ARGS, namespace="team-a"), engine_key(*ARGS, namespace="team-b"), engine_key(*ARGS)}
+    assert len(keys) == 3
+    # Quantization and namespace are independent inputs.
+    assert engine_key(*ARGS, "Int8", namespace="team-a") != engine_key(*ARGS, "Int8", namespace="team-b")
+
+
+def test_the_key_without_a_namespace_is_the_key_engines_had_before_the_namespace_entered_it():
+    # Shared across namespaces (the administrator's choice) the key is what it was, so those engines stay valid.
+    assert engine_key(*ARGS, namespace="") == "b706bb74d07f3c6e" == engine_key(*ARGS)
+
+
+def test_services_of_two_namespaces_build_apart_unless_the_administrator_shares_engines():
+    from planning_data import NOW, RUNTIMES, h100, service
+
+    from inferfleet_operator.api.types import DEFAULT_SETTINGS, PlanSettings
+    from inferfleet_operator.plan.planner import plan_service
+
+    def build_name(namespace: str, settings: PlanSettings = DEFAULT_SETTINGS) -> str:
+        svc = service(model={"name": "m", "uri": "hf://org/m"}, placement={"vendors": ["nvidia"]})
+        svc["metadata"]["namespace"] = namespace
+        [build] = plan_service(svc, [h100("h1")], RUNTIMES, {}, {}, NOW, settings).engine_builds
+        assert build["metadata"]["namespace"] == namespace
+        return build["metadata"]["name"]
+
+    assert build_name("team-a") != build_name("team-b")
+    shared = PlanSettings(share_engines_across_namespaces=True)
+    assert build_name("team-a", shared) == build_name("team-b", shared)

@@ -1,5 +1,5 @@
-"""Golden manifests for pool Deployments, the Service, the PodDisruptionBudget and the compile Job; plus the properties
-every serving pod must have. Regenerate the golden files with INFERFLEET_UPDATE_GOLDEN=1."""
+"""Golden manifests for pool Deployments, the Service, the PodDisruptionBudget, the NetworkPolicy and the compile Job;
+plus the properties every serving pod must have. Regenerate the golden files with INFERFLEET_UPDATE_GOLDEN=1."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from inferfleet_operator.plan.planner import plan_service
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("INFERFLEET_UPDATE_GOLDEN") == "1"
 NODES = [h100("h1"), h100("h2"), mi300x("m1"), cpu("c1")]
+MODEL_DIGEST = "00ff00ff00ff00ff"
+ENGINE_DIGEST = "sha256:" + "ab" * 32
 
 
 def _scenario() -> dict[str, dict]:
@@ -41,6 +43,7 @@ def _scenario() -> dict[str, dict]:
     first = plan_service(svc, NODES, RUNTIMES, {}, {}, NOW)
     key = first.engine_builds[0]["metadata"]["name"]
     built = with_state(first.engine_builds[0], "Ready")
+    built["status"] |= {"modelDigest": MODEL_DIGEST, "engineDigest": ENGINE_DIGEST}  # what its compile Job reported
     p = plan_service(svc, NODES, RUNTIMES, {key: built}, {}, NOW)
     out = {f"{c['kind'].lower()}-{c['metadata']['name']}": c for c in p.children}
     out[f"enginebuild-{key}"] = p.engine_builds[0]
@@ -53,6 +56,7 @@ def _scenario() -> dict[str, dict]:
 
 
 SCENARIO = _scenario()
+COMPILE_JOB = next(name for name in SCENARIO if name.startswith("job-"))  # job-<engine key>-1
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIO))
@@ -71,6 +75,16 @@ def test_every_golden_file_is_produced():
 
 
 DEPLOYMENTS = [v for k, v in sorted(SCENARIO.items()) if k.startswith("deployment-")]
+
+
+def test_compiled_serving_pods_load_only_the_engine_whose_digest_the_build_recorded():
+    compiled = SCENARIO["deployment-llama-nvidia-h100-80gb-hbm3"]
+    key = compiled["metadata"]["annotations"][names.ENGINE_KEY_ANNOTATION]
+    args = compiled["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["serve", "--engine-dir", f"/engines/{key}/{MODEL_DIGEST}"]
+    assert args[args.index("--engine-digest") + 1] == ENGINE_DIGEST
+    paged = SCENARIO["deployment-llama-cpu-amd64"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--engine-digest" not in paged
 
 
 @pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=lambda d: d["metadata"]["name"])
@@ -131,7 +145,13 @@ def test_model_volume_follows_the_uri_scheme():
     assert {"name": "model", "emptyDir": {"sizeLimit": "20Gi"}} in hf["volumes"]
     assert hf["initContainers"][0]["args"] == ["fetch", "--uri", "hf://meta-llama/Llama-3-8B", "--to", "/models/model"]
     local = plan_service(
-        service(model={"name": "x", "uri": "file:///srv/models/x"}), [cpu("c1")], RUNTIMES, {}, {}, NOW
+        service(model={"name": "x", "uri": "file:///srv/models/x"}),
+        [cpu("c1")],
+        RUNTIMES,
+        {},
+        {},
+        NOW,
+        PlanSettings(host_path_roots=("/srv/models",)),  # an administrator's choice (test_host_paths)
     )
     dep = next(c for c in local.children if c["kind"] == "Deployment")
     assert {"name": "model", "hostPath": {"path": "/srv/models/x", "type": "Directory"}} in dep["spec"]["template"][
@@ -170,7 +190,7 @@ def _containers(pod: dict) -> dict[str, dict]:
 
 
 def test_credentials_secret_reaches_only_the_model_download():
-    job = SCENARIO["job-b576f1d816b422cc-1"]["spec"]["template"]["spec"]
+    job = SCENARIO[COMPILE_JOB]["spec"]["template"]["spec"]
     for pod in (SCENARIO["deployment-llama-amd-mi300x"]["spec"]["template"]["spec"], job):
         containers = _containers(pod)
         assert containers["fetch-model"]["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
@@ -194,7 +214,7 @@ def test_model_size_limits_the_volume_and_is_requested_by_the_long_running_conta
 
 
 def test_compile_job_takes_deadline_and_resources_from_the_service():
-    job = SCENARIO["job-b576f1d816b422cc-1"]
+    job = SCENARIO[COMPILE_JOB]
     assert job["spec"]["activeDeadlineSeconds"] == 3600
     resources = _containers(job["spec"]["template"]["spec"])["compile"]["resources"]
     assert resources["requests"] == {"cpu": "4", "memory": "24Gi", "ephemeral-storage": "20Gi"}
@@ -239,43 +259,3 @@ def test_a_service_without_auth_serves_open_endpoints():
     for deployment in deployments:
         env = _containers(deployment["spec"]["template"]["spec"])["server"]["env"]
         assert all(item["name"] != "INFERFLEET_API_KEY" for item in env)
-
-
-def _policy_service(network_policy: dict):
-    from inferfleet_operator.api.types import parse_service
-
-    obj = {
-        "metadata": {"name": "llama", "namespace": "team-a", "uid": "u"},
-        "spec": {"model": {"name": "m", "uri": "hf://o/m"}, "networkPolicy": network_policy},
-    }
-    return parse_service(obj)
-
-
-def test_network_policy_admits_only_the_named_peers_and_the_operator_on_the_serving_port():
-    from inferfleet_operator.plan.manifests import network_policy_for
-
-    settings = PlanSettings(scraper_namespace="inferfleet-system", scraper_labels=(("app.kubernetes.io/name", "op"),))
-    allow = [{"namespace": "gateway", "podLabels": {"app": "envoy"}}, {}]
-    policy = network_policy_for(_policy_service({"allow": allow}), settings)
-    spec = policy["spec"]
-    assert spec["podSelector"]["matchLabels"] == {
-        "inferfleet.dev/service": "llama",
-        "app.kubernetes.io/component": "server",
-    }
-    assert spec["policyTypes"] == ["Ingress"]
-    [rule] = spec["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 8000}]
-    assert rule["from"] == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
-         "podSelector": {"matchLabels": {"app": "envoy"}}},
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}, "podSelector": {}},
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "inferfleet-system"}},
-         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "op"}}},
-    ]  # fmt: skip
-
-
-def test_network_policy_with_no_peer_and_no_known_operator_refuses_every_caller():
-    from inferfleet_operator.plan.manifests import network_policy_for
-
-    policy = network_policy_for(_policy_service({}), PlanSettings())
-    assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress"]

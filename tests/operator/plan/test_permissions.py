@@ -10,7 +10,8 @@ from inferfleet_operator.plan.planner import plan_service
 
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 PLURALS = {"Deployment": ("apps", "deployments"), "Service": ("", "services"), "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
-           "EngineBuild": ("inferfleet.dev", "enginebuilds"), "Job": ("batch", "jobs")}  # fmt: skip
+           "EngineBuild": ("inferfleet.dev", "enginebuilds"), "Job": ("batch", "jobs"),
+           "NetworkPolicy": ("networking.k8s.io", "networkpolicies")}  # fmt: skip
 
 
 def verbs_for(group: str, resource: str) -> set[str]:

@@ -50,6 +50,7 @@ def test_first_plan_builds_an_engine_and_bridges_the_nvidia_pool_with_paged():
         "Deployment/llama-amd-mi300x",
         "Service/llama",
         "PodDisruptionBudget/llama",
+        "NetworkPolicy/llama",
     }
     excluded = {x["name"]: x["reason"] for x in p.status["excludedPools"]}
     assert excluded["cpu-amd64"].startswith(
