@@ -92,6 +92,12 @@ def test_no_host_path_root_is_allowed_by_default_and_listed_roots_reach_the_oper
     ]
 
 
+def test_engines_are_shared_across_namespaces_only_when_an_administrator_says_so(render, one):
+    assert "--share-engines-across-namespaces" not in _container(render(), one)["args"]
+    args = _container(render({"engineCache": {"shareAcrossNamespaces": True}}), one)["args"]
+    assert "--share-engines-across-namespaces" in args
+
+
 def test_single_replica_runs_without_peering(render, one, of_kind):
     objects = render()
     deployment = one(objects, "Deployment")

@@ -103,6 +103,9 @@ CRDs they are left to the next upgrade (NOTES.txt says so).
 {{- if not (include "inferfleet.routing.enabled" .) }}
 - --inference-pools=disabled
 {{- end }}
+{{- if .Values.engineCache.shareAcrossNamespaces }}
+- --share-engines-across-namespaces
+{{- end }}
 {{- range .Values.modelHostPaths.allowedRoots }}
 - {{ printf "--model-host-path-root=%s" . | quote }}
 {{- end }}
