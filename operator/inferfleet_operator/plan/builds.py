@@ -165,6 +165,32 @@ def backoff_seconds(base: int, attempt: int, cap: int) -> int:
     return min(base * 2 ** (attempt - 1), cap)
 
 
+@dataclass
+class _Build:
+    """One reconcile of an EngineBuild: what was read, and the status being written (each state's function fills it
+    and ends with `finish`)."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    previous: dict
+    prev_conditions: dict
+    now: datetime
+    settings: PlanSettings
+    status: dict = field(default_factory=dict)
+
+    def finish(self, job: dict | None = None, requeue_after: float | None = None, finding: str = "") -> BuildPlan:
+        return _finish(
+            self.status, self.previous, self.prev_conditions, self.now, self.generation, job, requeue_after, finding
+        )
+
+    def keep_previous(self, finding: str = "") -> BuildPlan:
+        """The outcome recorded before stands (its Jobs are gone, or it is keyed under another sharing setting)."""
+        self.status = {k: v for k, v in self.previous.items() if k not in ("conditions", "observedGeneration")}
+        return self.finish(finding=finding)
+
+
 def plan_build(
     build: dict,
     jobs: list[dict],
@@ -192,32 +218,25 @@ def plan_build(
     once (another attempt of the same envelope would run into the same deadline).
     """
     meta = build.get("metadata") or {}
-    name, namespace, uid = meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", "")
-    generation = int(meta.get("generation") or 0)
     previous = build.get("status") or {}
-    prev_conditions = c.by_type(previous.get("conditions"))
+    b = _Build(
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        previous=previous,
+        prev_conditions=c.by_type(previous.get("conditions")),
+        now=now,
+        settings=settings,
+    )
     try:
         spec = parse_build(build).spec
     except SpecError as error:
-        status = {"state": "Failed", "attempts": 0, "failureReason": str(error), "message": str(error)}
-        return _finish(status, previous, prev_conditions, now, generation, None, None)
-    scope = key_namespace(namespace, settings)
-    expected = spec_key(spec, scope)
-    if expected != spec.engine_key or name != spec.engine_key:
-        other = spec_key(spec, "" if scope else namespace)
-        if name == spec.engine_key == other and previous.get("state") == "Ready":
-            # Keyed under the other sharing setting (before the namespace entered the key, or before the administrator
-            # changed --share-engines-across-namespaces): its engine serves on until the services' builds of the
-            # current key are Ready, then it is garbage; no Job writes into its directory again.
-            kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
-            return _finish(kept, previous, prev_conditions, now, generation, None, None)
-        text = (
-            f"spec does not hash to its key: engineKey {spec.engine_key!r} (name {name!r}), the spec's hash is "
-            f"{expected!r}; nothing is built"
-        )
-        status = {"state": "Failed", "attempts": 0, "failureReason": text, "message": text}
-        return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_KEY_MISMATCH)
-
+        b.status = {"state": "Failed", "attempts": 0, "failureReason": str(error), "message": str(error)}
+        return b.finish()
+    refused = _check_key(b, spec)
+    if refused is not None:
+        return refused
     pruning = [
         j for j in jobs
         if ((j.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == PRUNER_COMPONENT
@@ -227,133 +246,163 @@ def plan_build(
         # An earlier EngineBuild of this key was garbage-collected and its engine is being removed: a Job started
         # now would write into the directory being removed. Its Job's events bring the build back here.
         text = f"waiting for Job {pruning[0]['metadata']['name']} to remove the previous engine of this key"
-        status = {"state": "Pending", "attempts": 0, "progress": "waiting for a prune", "message": text}
-        return _finish(status, previous, prev_conditions, now, generation, None, PRUNE_RECHECK_SECONDS)
+        b.status = {"state": "Pending", "attempts": 0, "progress": "waiting for a prune", "message": text}
+        return b.finish(requeue_after=PRUNE_RECHECK_SECONDS)
     # Counted by owner UID: a Job that merely carries the build's labels (made by hand, or left by an earlier
     # EngineBuild of the same name) is neither an attempt nor ever written.
-    foreign = {(j.get("metadata") or {}).get("name") for j in jobs if not m.is_owned_by(j, uid)}
-    jobs = sorted((j for j in jobs if _attempt(j) > 0 and m.is_owned_by(j, uid)), key=_attempt)
+    foreign = {(j.get("metadata") or {}).get("name") for j in jobs if not m.is_owned_by(j, b.uid)}
+    jobs = sorted((j for j in jobs if _attempt(j) > 0 and m.is_owned_by(j, b.uid)), key=_attempt)
     # A serving pod found the engine of attempt `lost` gone or damaged (REBUILD_ANNOTATION): that attempt and
     # those before it no longer count as the outcome, and the next attempt rebuilds; numbering goes on, and
     # maxAttempts bounds the attempts of all rounds together (an engine lost after every build ends Failed).
     lost = attempt_of(((meta.get("annotations") or {}).get(REBUILD_ANNOTATION)) or "")
     attempts = max(_attempt(jobs[-1]) if jobs else 0, lost)
     jobs = [j for j in jobs if _attempt(j) > lost]
-    status = {
+    b.status = {
         "attempts": attempts,
         "maxAttempts": spec.max_attempts,
         "artifactPath": f"{settings.engine_cache_mount}/{spec.engine_key}",
     }
-    owner = m.owner_reference(API_VERSION, BUILD_KIND, name, uid)
-
-    recorded = previous.get("engineDigest")  # of the engine a serving pod found lost: kept if it is intact after all
-
-    def new_job(attempt: int) -> dict:
-        digest = recorded if isinstance(recorded, str) and _ENGINE_DIGEST.match(recorded) else ""
-        job = compile_job_for(name, namespace, spec, attempt, settings, digest)
-        job["metadata"]["ownerReferences"] = [owner]
-        return job
 
     def create(attempt: int, message: str) -> BuildPlan:
-        job = new_job(attempt)
-        missing = f.missing_claims([job], claims) if claims is not None else []
-        if missing:  # the Job would only wait (and burn its deadline): create it once the claim exists
-            status.update(state="Pending", progress="waiting for a claim", message=missing[0].text)
-            return _finish(status, previous, prev_conditions, now, generation, None, None, missing[0].reason)
-        if job["metadata"]["name"] in foreign:
-            text = (
-                f"Job {namespace}/{job['metadata']['name']} exists and is not owned by this EngineBuild: it is left "
-                "alone; delete it to let the build run"
-            )
-            status.update(state="Pending", progress="job name taken", message=text)
-            return _finish(status, previous, prev_conditions, now, generation, None, None, c.REASON_NOT_OWNED)
-        status.update(attempts=attempt, state="Pending", currentJob=job["metadata"]["name"], progress="job created",
-                      message=message)  # fmt: skip
-        if apply_error:
-            found = f.apply_finding("Job", job["metadata"]["name"], apply_error)
-            status.update(progress="job refused", message=found.text)
-            return _finish(status, previous, prev_conditions, now, generation, job, None, found.reason)
-        return _finish(status, previous, prev_conditions, now, generation, job, None)
+        return _create(b, spec, attempt, message, foreign, claims, apply_error)
 
     succeeded = next((j for j in jobs if _outcome(j) == "succeeded"), None)
     if succeeded is not None:
-        job_pods = _pods_of(succeeded, list(pods))
-        result = _result(job_pods)
-        job_status = succeeded.get("status") or {}
-        start, end = parse_time(job_status.get("startTime")), parse_time(job_status.get("completionTime"))
-        status.update(state="Ready", currentJob=succeeded["metadata"]["name"], progress="done", message="engine built")
-        if start:
-            status["startTime"] = format_time(start)
-        if end:
-            status["completionTime"] = format_time(end)
-        if start and end:
-            status["durationSeconds"] = int((end - start).total_seconds())
-        if not job_pods and previous.get("currentJob") == succeeded["metadata"]["name"]:
-            # Its pods were garbage-collected before the Job: what they reported stands.
-            status.update({k: previous[k] for k in _REPORTED if k in previous})
-            return _finish(status, previous, prev_conditions, now, generation, None, None)
-        if isinstance(result.get("artifactSizeBytes"), int):
-            status["artifactSizeBytes"] = result["artifactSizeBytes"]
-        status.update(content_status(result, spec.engine_key, settings))
-        return _finish(status, previous, prev_conditions, now, generation, None, None)
-
+        return _succeeded(b, spec, succeeded, list(pods))
     is_kept = int(previous.get("attempts") or 0) > lost and attempt_of(previous.get("currentJob") or "") > lost
     if not jobs and previous.get("state") in ("Ready", "Failed") and is_kept:
         # The finished Jobs were deleted (ttlSecondsAfterFinished, or by hand): the outcome stands.
-        kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
-        reason = (prev_conditions.get(c.BUILT) or {}).get("reason", "")
-        return _finish(
-            kept, previous, prev_conditions, now, generation, None, None, reason if reason in f.ORDER else ""
-        )
+        reason = (b.prev_conditions.get(c.BUILT) or {}).get("reason", "")
+        return b.keep_previous(reason if reason in f.ORDER else "")
     if not jobs and lost:
         if attempts >= spec.max_attempts:
             text = f"the engine of attempt {lost} was lost and all {spec.max_attempts} attempt(s) are used"
-            status.update(state="Failed", progress="failed", failureReason=text, message=text)
-            return _finish(status, previous, prev_conditions, now, generation, None, None)
+            b.status.update(state="Failed", progress="failed", failureReason=text, message=text)
+            return b.finish()
         return create(attempts + 1, f"the engine of attempt {lost} was lost; attempt {attempts + 1} rebuilds it")
     if not jobs:
         return create(1, "attempt 1 starting")
-
     latest = jobs[-1]
-    job_pods = _pods_of(latest, list(pods))
-    status["currentJob"] = latest["metadata"]["name"]
+    b.status["currentJob"] = latest["metadata"]["name"]
     if _outcome(latest) == "running":
-        status.update(
-            state="Building",
-            progress=_progress(latest, job_pods),
-            message=f"attempt {attempts} of {spec.max_attempts} running",
-        )
-        found = f.summary(f.pods_findings(job_pods))
-        if found is not None:  # e.g. unschedulable, claim missing, fetch failing: not just "waiting for a pod"
-            status.update(progress=found[1], message=f"attempt {attempts} of {spec.max_attempts}: {found[1]}")
-            return _finish(status, previous, prev_conditions, now, generation, None, None, found[0])
-        return _finish(status, previous, prev_conditions, now, generation, None, None)
+        return _running(b, spec, latest, list(pods))
+    return _failed(b, spec, latest, list(pods), create)
 
+
+def _check_key(b: _Build, spec) -> BuildPlan | None:
+    """None when the build's name and engineKey are the spec's hash; else its plan (refused, or kept as it was)."""
+    scope = key_namespace(b.namespace, b.settings)
+    expected = spec_key(spec, scope)
+    if expected == spec.engine_key and b.name == spec.engine_key:
+        return None
+    other = spec_key(spec, "" if scope else b.namespace)
+    if b.name == spec.engine_key == other and b.previous.get("state") == "Ready":
+        # Keyed under the other sharing setting (before the namespace entered the key, or before the administrator
+        # changed --share-engines-across-namespaces): its engine serves on until the services' builds of the
+        # current key are Ready, then it is garbage; no Job writes into its directory again.
+        return b.keep_previous()
+    text = (
+        f"spec does not hash to its key: engineKey {spec.engine_key!r} (name {b.name!r}), the spec's hash is "
+        f"{expected!r}; nothing is built"
+    )
+    b.status = {"state": "Failed", "attempts": 0, "failureReason": text, "message": text}
+    return b.finish(finding=c.REASON_KEY_MISMATCH)
+
+
+def _create(b: _Build, spec, attempt: int, message: str, foreign: set, claims, apply_error: str | None) -> BuildPlan:
+    """The Job of attempt `attempt`, unless its claim is missing or its name is taken by a Job not the build's."""
+    recorded = b.previous.get("engineDigest")  # of the engine a serving pod found lost: kept if it is intact after all
+    digest = recorded if isinstance(recorded, str) and _ENGINE_DIGEST.match(recorded) else ""
+    job = compile_job_for(b.name, b.namespace, spec, attempt, b.settings, digest)
+    job["metadata"]["ownerReferences"] = [m.owner_reference(API_VERSION, BUILD_KIND, b.name, b.uid)]
+    missing = f.missing_claims([job], claims) if claims is not None else []
+    if missing:  # the Job would only wait (and burn its deadline): create it once the claim exists
+        b.status.update(state="Pending", progress="waiting for a claim", message=missing[0].text)
+        return b.finish(finding=missing[0].reason)
+    if job["metadata"]["name"] in foreign:
+        text = (
+            f"Job {b.namespace}/{job['metadata']['name']} exists and is not owned by this EngineBuild: it is left "
+            "alone; delete it to let the build run"
+        )
+        b.status.update(state="Pending", progress="job name taken", message=text)
+        return b.finish(finding=c.REASON_NOT_OWNED)
+    b.status.update(attempts=attempt, state="Pending", currentJob=job["metadata"]["name"], progress="job created",
+                    message=message)  # fmt: skip
+    if apply_error:
+        found = f.apply_finding("Job", job["metadata"]["name"], apply_error)
+        b.status.update(progress="job refused", message=found.text)
+        return b.finish(job, finding=found.reason)
+    return b.finish(job)
+
+
+def _succeeded(b: _Build, spec, succeeded: dict, pods: list[dict]) -> BuildPlan:
+    """Ready, with what the Job's pods reported (or, when they are gone, what was recorded)."""
+    job_pods = _pods_of(succeeded, pods)
+    result = _result(job_pods)
+    job_status = succeeded.get("status") or {}
+    start, end = parse_time(job_status.get("startTime")), parse_time(job_status.get("completionTime"))
+    b.status.update(state="Ready", currentJob=succeeded["metadata"]["name"], progress="done", message="engine built")
+    if start:
+        b.status["startTime"] = format_time(start)
+    if end:
+        b.status["completionTime"] = format_time(end)
+    if start and end:
+        b.status["durationSeconds"] = int((end - start).total_seconds())
+    if not job_pods and b.previous.get("currentJob") == succeeded["metadata"]["name"]:
+        # Its pods were garbage-collected before the Job: what they reported stands.
+        b.status.update({k: b.previous[k] for k in _REPORTED if k in b.previous})
+        return b.finish()
+    if isinstance(result.get("artifactSizeBytes"), int):
+        b.status["artifactSizeBytes"] = result["artifactSizeBytes"]
+    b.status.update(content_status(result, spec.engine_key, b.settings))
+    return b.finish()
+
+
+def _running(b: _Build, spec, latest: dict, pods: list[dict]) -> BuildPlan:
+    """Building; a pod that cannot schedule or fetch says so in progress and the Built reason."""
+    job_pods = _pods_of(latest, pods)
+    attempts = b.status["attempts"]
+    b.status.update(
+        state="Building",
+        progress=_progress(latest, job_pods),
+        message=f"attempt {attempts} of {spec.max_attempts} running",
+    )
+    found = f.summary(f.pods_findings(job_pods))
+    if found is not None:  # e.g. unschedulable, claim missing, fetch failing: not just "waiting for a pod"
+        b.status.update(progress=found[1], message=f"attempt {attempts} of {spec.max_attempts}: {found[1]}")
+        return b.finish(finding=found[0])
+    return b.finish()
+
+
+def _failed(b: _Build, spec, latest: dict, pods: list[dict], create) -> BuildPlan:
+    """The latest attempt failed: Failed (deadline, refused input, attempts used), backoff, or the next attempt."""
+    attempts = b.status["attempts"]
     deadline = f.job_findings(latest)
     if deadline:
-        status.update(
+        b.status.update(
             failureReason=deadline[0].text,
             state="Failed",
             progress="failed",
             message=f"attempt {attempts} failed: {deadline[0].text}",
         )
-        return _finish(status, previous, prev_conditions, now, generation, None, None, deadline[0].reason)
-    reason = _failure_reason(latest, job_pods)
-    status["failureReason"] = reason
+        return b.finish(finding=deadline[0].reason)
+    reason = _failure_reason(latest, _pods_of(latest, pods))
+    b.status["failureReason"] = reason
     if _is_unsupported(latest):  # exit code 2 (pod failure policy): the same input fails the same way again
-        status.update(state="Failed", progress="failed", message=f"attempt {attempts} refused its input: {reason}")
-        return _finish(status, previous, prev_conditions, now, generation, None, None)
+        b.status.update(state="Failed", progress="failed", message=f"attempt {attempts} refused its input: {reason}")
+        return b.finish()
     if attempts >= spec.max_attempts:
-        status.update(state="Failed", progress="failed", message=f"all {attempts} attempt(s) failed; last: {reason}")
-        return _finish(status, previous, prev_conditions, now, generation, None, None)
-    failed_at = _failed_at(latest) or now
+        b.status.update(state="Failed", progress="failed", message=f"all {attempts} attempt(s) failed; last: {reason}")
+        return b.finish()
+    failed_at = _failed_at(latest) or b.now
     next_at = failed_at + timedelta(
-        seconds=backoff_seconds(spec.backoff_seconds, attempts, settings.max_backoff_seconds)
+        seconds=backoff_seconds(spec.backoff_seconds, attempts, b.settings.max_backoff_seconds)
     )
-    if now < next_at:
-        status.update(state="Pending", progress="backoff", nextAttemptTime=format_time(next_at),
-                      message=f"attempt {attempts} failed; attempt {attempts + 1} at {format_time(next_at)}")  # fmt: skip
-        return _finish(status, previous, prev_conditions, now, generation, None, (next_at - now).total_seconds())
+    if b.now < next_at:
+        b.status.update(state="Pending", progress="backoff", nextAttemptTime=format_time(next_at),
+                        message=f"attempt {attempts} failed; attempt {attempts + 1} at {format_time(next_at)}")  # fmt: skip
+        return b.finish(requeue_after=(next_at - b.now).total_seconds())
     return create(attempts + 1, f"attempt {attempts} failed; attempt {attempts + 1} starting")
 
 
