@@ -149,6 +149,62 @@ async def _read_service_inputs(ctx: Context, service: dict) -> planner.ServiceIn
     )
 
 
+@dataclasses.dataclass
+class _ServiceWrites:
+    """The writes of one service's reconcile: each counts what it changed, and a refused one is recorded (in
+    `refused`, for the status, and in `failures`, raised once every write has run) without holding back the others."""
+
+    ctx: Context
+    service: dict
+    refused: dict
+    failures: list[ApiError] = dataclasses.field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return self.service["metadata"]["namespace"]
+
+    async def apply_child(self, desired: dict, live: dict | None, pool: str = "") -> int:
+        key = (desired["kind"], desired["metadata"]["name"], pool)
+        try:
+            # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
+            # by another manager, and only a forced apply takes them back.
+            written = await self.ctx.apply(desired, live)
+        except ApiError as error:
+            if is_namespace_terminating(error):
+                raise  # nothing more can be created there; the service goes with its namespace
+            # One refused child must not hold back the others; the reconcile fails at the end.
+            logger.error("Failed to apply %s %s/%s: %s", key[0], self.namespace, key[1], error)
+            self.failures.append(error)
+            if not error.is_retryable:  # the user must change something: say what in status
+                self.refused[key] = error.message
+            return 0
+        self.refused.pop(key, None)
+        return written
+
+    async def write_status(self, status: dict, is_changed: bool) -> int:
+        if not is_changed:
+            return 0
+        self.ctx.cache.remember(await self.ctx.kube.apply_status(self.service, status))
+        return 1
+
+    async def apply_routing(self, routing) -> int:
+        try:
+            return await reconcile_routing.apply(self.ctx, self.service, routing)
+        except ApiError as error:
+            logger.error(
+                "Failed to apply InferencePool %s/%s: %s", self.namespace, self.service["metadata"]["name"], error
+            )
+            self.failures.append(error)
+            return 0
+
+    async def delete_child(self, kind: str, meta: dict) -> int:
+        uid = meta.get("uid")
+        if await self.ctx.kube.delete(KINDS[kind].api_version, kind, self.namespace, meta["name"], uid=uid):
+            logger.info("Deleted %s %s/%s (no longer planned)", kind, self.namespace, meta["name"])
+            return 1
+        return 0
+
+
 async def _apply_service(
     ctx: Context, service: dict, indexed: dict | None, inputs: planner.ServiceInputs, plan: planner.ServicePlan
 ) -> None:
@@ -159,32 +215,13 @@ async def _apply_service(
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
     await _request_rebuilds(ctx, service, plan.rebuilds, inputs.builds)
     owner = (SERVICE_KIND, namespace, name)
-    refused = dict(plan.refused)
-    failures: list[ApiError] = []
-
-    async def apply_child(desired: dict, live: dict | None, pool: str = "") -> int:
-        key = (desired["kind"], desired["metadata"]["name"], pool)
-        try:
-            # Forced: drift repair. A child edited by hand (kubectl edit/scale) has those fields owned
-            # by another manager, and only a forced apply takes them back.
-            written = await ctx.apply(desired, live)
-        except ApiError as error:
-            if is_namespace_terminating(error):
-                raise  # nothing more can be created there; the service goes with its namespace
-            # One refused child must not hold back the others; the reconcile fails at the end.
-            logger.error("Failed to apply %s %s/%s: %s", key[0], namespace, key[1], error)
-            failures.append(error)
-            if not error.is_retryable:  # the user must change something: say what in status
-                refused[key] = error.message
-            return 0
-        refused.pop(key, None)
-        return written
+    writes = _ServiceWrites(ctx, service, refused=dict(plan.refused))
 
     num_changes = 0
     live_builds = {b["metadata"]["name"]: b for b in _builds(ctx, namespace)}
     for desired in plan.engine_builds:
         build_name = desired["metadata"]["name"]
-        num_changes += await apply_child(
+        num_changes += await writes.apply_child(
             desired, cache.fresher(BUILD_KIND, live_builds.get(build_name), namespace, build_name)
         )
 
@@ -202,41 +239,20 @@ async def _apply_service(
     # nodes × 100 services, Events were two fifths of the operator's requests). A write that fails is
     # retried with the same Events, which are not posted again.
     posting = asyncio.ensure_future(ctx.events.post(service, _to_post(events, num_changes + is_changed), "Reconcile"))
-
-    async def write_status() -> int:
-        if not is_changed:
-            return 0
-        cache.remember(await ctx.kube.apply_status(service, status))
-        return 1
-
-    async def apply_routing() -> int:
-        try:
-            return await reconcile_routing.apply(ctx, service, plan.routing)
-        except ApiError as error:
-            logger.error("Failed to apply InferencePool %s/%s: %s", namespace, name, error)
-            failures.append(error)
-            return 0
-
-    async def delete_child(kind: str, meta: dict) -> int:
-        uid = meta.get("uid")
-        if await ctx.kube.delete(KINDS[kind].api_version, kind, namespace, meta["name"], uid=uid):
-            logger.info("Deleted %s %s/%s (no longer planned)", kind, namespace, meta["name"])
-            return 1
-        return 0
-
     try:
-        writes = [write_status(), apply_routing()]
+        side_by_side = [writes.write_status(status, is_changed), writes.apply_routing(plan.routing)]
         for desired in plan.children:
             kind, child_name = desired["kind"], desired["metadata"]["name"]
             if (kind, child_name) in plan.not_owned:
                 continue
             live = _find(inputs.children.get(kind, ()), child_name)
             pool = desired["metadata"].get("labels", {}).get(POOL_LABEL, "")
-            writes.append(apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool))
-        num_changes += await _all(writes)
+            side_by_side.append(writes.apply_child(desired, cache.fresher(kind, live, namespace, child_name), pool))
+        num_changes += await _all(side_by_side)
         # Children no longer planned are deleted once the planned ones are applied.
-        num_changes += await _all([delete_child(kind, meta) for kind, meta in plan.stale])
+        num_changes += await _all([writes.delete_child(kind, meta) for kind, meta in plan.stale])
 
+        refused = writes.refused
         if refused != cache.refused.get(owner, {}):  # a write newly refused, or one that now went through
             if refused:
                 cache.refused[owner] = refused
@@ -251,8 +267,8 @@ async def _apply_service(
         await posting
     # What a refused write added (posted Events are remembered, so none goes out twice).
     await ctx.events.post(service, _to_post(events, num_changes), "Reconcile")
-    if failures:
-        raise failures[0]  # retried by the work queue after its error delay (a backoff)
+    if writes.failures:
+        raise writes.failures[0]  # retried by the work queue after its error delay (a backoff)
 
 
 async def _request_rebuilds(
