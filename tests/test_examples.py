@@ -3,6 +3,7 @@ the offline-engine script generates, and the openai-client script talks to a rea
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,18 @@ def test_openai_client_example_gets_an_answer_from_a_real_server(demo_model_dir)
     lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
     assert lines["model"].strip() == "zen"
     assert lines["assistant"].strip()
+
+
+@pytest.mark.slow
+def test_the_one_minute_demo_answers_the_capital_question(tmp_path):
+    """The README's try without Docker: e2e/demo.sh serves SmolLM2 on loopback and asks through openai_client.py."""
+    from .runtime.support.server_harness import free_port
+
+    env = {**os.environ, "INFERFLEET_DEMO_PORT": str(free_port()), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        ["bash", str(ROOT / "e2e" / "demo.sh")], capture_output=True, text=True, timeout=900, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
+    assert lines["model"].strip() == "smollm2-135m-instruct"
+    assert "Paris" in lines["assistant"]
