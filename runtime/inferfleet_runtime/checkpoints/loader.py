@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -65,7 +66,47 @@ def load_model(
     int8 or int4 quantizes the decoder's linears as their weights are read (layers.quantized). With
     tensor_parallel, the model holds this rank's part of each weight (layers.parallel); config stays the whole
     model's."""
-    model_dir = Path(model_dir)
+    checkpoint = _read_checkpoint(Path(model_dir), dtype, quantization, tensor_parallel)
+    config, weights, scheme = checkpoint.config, checkpoint.weights, checkpoint.scheme
+    device = pick_device(device)
+    ops = get_ops(kernels, config.dtype, device)
+    keep_float8 = ops.quantized_matmul is not None  # FP8 weights stay FP8 where a kernel multiplies them (Triton)
+    if scheme is not None:
+        weights = convert_weights(weights, scheme, keep_float8)
+    model_config = config
+    if tensor_parallel is not None and tensor_parallel.world > 1:
+        if scheme is not None or quantization != "none":
+            raise CheckpointError("tensor parallelism shards float weights only: serve quantized weights on one rank")
+        model_config = local_config(config, tensor_parallel.world)
+        weights = shard_weights(weights, config, tensor_parallel)
+    model, weights = _build_on_meta(model_config, ops, checkpoint, weights, quantization, keep_float8)
+    # to_empty without its empty_like of meta tensors, which imports torch's symbolic shapes (sympy) for nothing.
+    model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):  # new storage unties them
+        model.lm_head.weight = model.embed_tokens.weight
+    load_weights(model, weights)
+    _finish_quantized(model, scheme, quantization)
+    model.init_rope()
+    if model_config is not config:
+        replicated = parallelize(model, tensor_parallel, config.vocab_size)
+        if replicated:
+            log.info("Replicated %s on every tensor-parallel rank", ", ".join(replicated))
+    return LoadedModel(model=model.eval(), config=config, tokenizer=checkpoint.tokenizer, device=device)
+
+
+@dataclasses.dataclass
+class _Checkpoint:
+    """What a checkpoint holds, read but not yet placed: config, tokenizer, weights (an iterator of (name, tensor),
+    a GGUF file's with `.kept` quantized blocks), the GGUF file if it is one, a compressed-tensors scheme if any."""
+
+    config: Any
+    tokenizer: Tokenizer
+    weights: Any
+    gguf_file: Path | None
+    scheme: Any
+
+
+def _read_checkpoint(model_dir: Path, dtype, quantization: str, tensor_parallel: TensorParallel | None) -> _Checkpoint:
     gguf_file = find_gguf(model_dir)
     scheme = None
     if gguf_file is not None:
@@ -81,42 +122,32 @@ def load_model(
     config = dataclasses.replace(
         config, eos_token_ids=list(dict.fromkeys(config.eos_token_ids + tokenizer.eos_token_ids))
     )
-    device = pick_device(device)
-    ops = get_ops(kernels, config.dtype, device)
-    keep_float8 = ops.quantized_matmul is not None  # FP8 weights stay FP8 where a kernel multiplies them (Triton)
-    if scheme is not None:
-        weights = convert_weights(weights, scheme, keep_float8)
-    model_config = config
-    if tensor_parallel is not None and tensor_parallel.world > 1:
-        if scheme is not None or quantization != "none":
-            raise CheckpointError("tensor parallelism shards float weights only: serve quantized weights on one rank")
-        model_config = local_config(config, tensor_parallel.world)
-        weights = shard_weights(weights, config, tensor_parallel)
+    return _Checkpoint(config, tokenizer, weights, gguf_file, scheme)
+
+
+def _build_on_meta(model_config, ops, checkpoint: _Checkpoint, weights, quantization: str, keep_float8: bool):
+    """The model built on the meta device (no memory), its linears replaced by quantized ones where the checkpoint
+    or --quantization says; the weights to load (quantized as they are read for --quantization)."""
     with torch.device("meta"):
-        model = build_model(model_config, ops).to(config.dtype)
-        if scheme is not None:
-            replace_linears(model, scheme, config.dtype, keep_float8)
-        elif gguf_file is not None and weights.kept:  # the file's Q8_0 / Q4_0 / Q4_1 linears stay quantized
-            replace_gguf_linears(model, weights.kept, config.dtype)
+        model = build_model(model_config, ops).to(checkpoint.config.dtype)
+        if checkpoint.scheme is not None:
+            replace_linears(model, checkpoint.scheme, checkpoint.config.dtype, keep_float8)
+        elif checkpoint.gguf_file is not None and weights.kept:  # the file's Q8_0 / Q4_0 / Q4_1 linears stay quantized
+            replace_gguf_linears(model, weights.kept, checkpoint.config.dtype)
         elif empty_quantized_linears(model, quantization):
             weights = _quantized_as_read(weights, model)
-    # to_empty without its empty_like of meta tensors, which imports torch's symbolic shapes (sympy) for nothing.
-    model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-    if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):  # new storage unties them
-        model.lm_head.weight = model.embed_tokens.weight
-    load_weights(model, weights)
+    return model, weights
+
+
+def _finish_quantized(model, scheme, quantization: str) -> None:
+    """The vocabulary quantized (unless a compressed-tensors checkpoint says itself) and every quantized linear given
+    the backend's kernel."""
     if scheme is None:  # --quantization or a GGUF file's kept blocks; a compressed-tensors checkpoint says itself
         # A GGUF file's embedding stays as the file has it (dequantized): rounding it again moves real answers.
         quantize_vocabulary(model, with_embedding=quantization != "none")
     for layer in model.modules():  # quantized linears run the backend's kernel where it has one
         if isinstance(layer, QuantizedLinear):
             layer.matmul = model.ops.quantized_matmul
-    model.init_rope()
-    if model_config is not config:
-        replicated = parallelize(model, tensor_parallel, config.vocab_size)
-        if replicated:
-            log.info("Replicated %s on every tensor-parallel rank", ", ".join(replicated))
-    return LoadedModel(model=model.eval(), config=config, tokenizer=tokenizer, device=device)
 
 
 def release_freed_memory() -> None:
