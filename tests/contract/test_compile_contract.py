@@ -9,7 +9,7 @@ from inferfleet_operator.api.types import EngineBuildSpec, EngineEnvelope, PlanS
 from inferfleet_operator.plan.build_jobs import compile_job_for
 from inferfleet_runtime.cli import main
 
-from ..runtime.compiled.test_compile_cli import _stand_in_backend
+from ..runtime.support.compile_backends import stand_in_backend
 
 
 def _job_args(spec: EngineBuildSpec) -> list[str]:
@@ -27,7 +27,7 @@ def _replace(args: list[str], flag: str, value: str) -> list[str]:
 def test_compile_job_args_build_an_engine_with_the_operators_key(demo_model_dir, tmp_path, monkeypatch, capsys):
     from inferfleet_runtime.compiled import export
 
-    backend = _stand_in_backend()
+    backend = stand_in_backend()
     monkeypatch.setattr(export, "get_backend", lambda name: backend)
     spec = EngineBuildSpec(
         engine_key="0123abcd",

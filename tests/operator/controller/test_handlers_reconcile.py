@@ -5,277 +5,16 @@ import asyncio
 import copy
 import dataclasses
 import datetime
-import json
-import re
 
-import httpx
-from fake_transport import HttpxTransport
+from reconcile_world import NOW, World, inference_service, node, refuse
 
 from inferfleet_operator.api import names
-from inferfleet_operator.controller import cache, handlers, reconcile
-from inferfleet_operator.controller.metrics import Metrics
+from inferfleet_operator.controller import cache, handlers
 from inferfleet_operator.controller.settings import OperatorConfig
-from inferfleet_operator.kube.client import Kube
-
-NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
-PLURAL_KINDS = {
-    "deployments": "Deployment",
-    "services": "Service",
-    "poddisruptionbudgets": "PodDisruptionBudget",
-    "networkpolicies": "NetworkPolicy",
-    "jobs": "Job",
-    "enginebuilds": "EngineBuild",
-    "inferenceservices": "InferenceService",
-    "events": "Event",
-    "inferencepools": "InferencePool",
-    "pods": "Pod",
-}
-PATH = re.compile(
-    r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
-    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
-)
-
-
-class FakeApi:
-    """A tiny API server: server-side apply as replace-by-the-one-manager, status, deletes, events."""
-
-    def __init__(self):
-        self.objects: dict[tuple[str, str, str], dict] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.events: list[dict] = []
-        self.revision = 100
-        self.serves_pools = False  # whether discovery lists the GAIE InferencePool
-        self.reads: list[tuple[str, str]] = []  # GETs, kept apart from the writes the tests count
-
-    def _read(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/apis/inference.networking.k8s.io/v1":
-            self.reads.append(("GET", "Discovery"))
-            if not self.serves_pools:
-                return httpx.Response(404, json={"reason": "NotFound", "message": "not served"})
-            return httpx.Response(200, json={"resources": [{"name": "inferencepools", "kind": "InferencePool"}]})
-        match = PATH.match(request.url.path)
-        kind = PLURAL_KINDS[match["plural"]]
-        self.reads.append(("GET", kind))
-        if match["name"] is None:
-            items = [o for (k, ns, _), o in self.objects.items() if k == kind and ns == match["ns"]]
-            return httpx.Response(200, json={"items": copy.deepcopy(items)})
-        obj = self.objects.get((kind, match["ns"], match["name"]))
-        return (
-            httpx.Response(200, json=obj)
-            if obj
-            else httpx.Response(404, json={"reason": "NotFound", "message": "gone"})
-        )
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        if request.method == "GET":
-            return self._read(request)
-        match = PATH.match(request.url.path)
-        assert match, request.url.path
-        kind = PLURAL_KINDS[match["plural"]]
-        key = (kind, match["ns"], match["name"] or "")
-        body = json.loads(request.content) if request.content else None
-        self.requests.append((request.method, kind + ("/status" if match["sub"] else "")))
-        self.revision += 1
-        if request.method == "POST":
-            self.events.append(body)
-            return httpx.Response(201, json=body)
-        if request.method == "DELETE":
-            if key not in self.objects:
-                return httpx.Response(404, json={"reason": "NotFound", "message": "gone"})
-            del self.objects[key]
-            return httpx.Response(200, json={"kind": "Status"})
-        assert request.method == "PATCH"
-        old = self.objects.get(key)
-        if match["sub"]:
-            obj = copy.deepcopy(old)
-            obj["status"] = body["status"]
-        elif request.headers["content-type"] == "application/merge-patch+json":
-            obj = copy.deepcopy(old)
-            annotations = obj["metadata"].setdefault("annotations", {})
-            for k, v in body["metadata"]["annotations"].items():
-                annotations.pop(k, None) if v is None else annotations.__setitem__(k, v)
-        else:
-            assert request.headers["content-type"] == "application/apply-patch+yaml"
-            assert request.url.params["fieldManager"] == "inferfleet-operator"
-            obj = copy.deepcopy(body)
-            meta = obj["metadata"]
-            meta["uid"] = (old or {}).get("metadata", {}).get("uid", f"uid-{self.revision}")
-            if old and "status" in old:
-                obj["status"] = old["status"]
-        obj["metadata"]["resourceVersion"] = str(self.revision)
-        self.objects[key] = obj
-        return httpx.Response(200, json=obj)
-
-    def writes(self) -> list[tuple[str, str]]:
-        return list(self.requests)
-
-
-def _node(name, labels, allocatable):
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/arch": "amd64", **labels}},
-        "spec": {},
-        "status": {
-            "allocatable": {"cpu": "96", "memory": "1024Gi", **allocatable},
-            "capacity": {"cpu": "96", "memory": "1024Gi", **allocatable},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-NODES = [
-    _node(
-        "h100-0",
-        {
-            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-            "nvidia.com/gpu.compute.major": "9",
-            "nvidia.com/gpu.compute.minor": "0",
-            "nvidia.com/gpu.count": "8",
-        },
-        {"nvidia.com/gpu": "8"},
-    ),
-    _node("cpu-0", {}, {}),
-]
-
-
-def _runtime(name, engine, vendors, resource, priority, compile_image=None):
-    spec = {
-        "engine": engine,
-        "vendors": vendors,
-        "image": f"inferfleet/{name}:1",
-        "gpuResource": resource,
-        "priority": priority,
-    }
-    if compile_image:
-        spec["compileImage"] = compile_image
-    return {
-        "apiVersion": "inferfleet.dev/v1alpha1",
-        "kind": "InferenceRuntime",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-RUNTIMES = [
-    _runtime("paged-cuda", "Paged", ["nvidia"], "nvidia.com/gpu", 100),
-    _runtime("paged-cpu", "Paged", ["cpu"], "", 10),
-    _runtime("paged-rocm", "Paged", ["amd"], "amd.com/gpu", 100),
-    _runtime(
-        "compiled-tensorrt",
-        "Compiled",
-        ["nvidia"],
-        "nvidia.com/gpu",
-        200,
-        compile_image="inferfleet/compile-tensorrt:1",
-    ),
-]
-
-
-def _service(name="llama", replicas=2):
-    return {
-        "apiVersion": "inferfleet.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {
-            "name": name,
-            "namespace": "team-a",
-            "uid": f"uid-{name}",
-            "generation": 1,
-            "resourceVersion": "1",
-        },
-        "spec": {
-            "model": {"name": "llama", "uri": "hf://org/llama"},
-            "replicas": replicas,
-            # cpu listed: by default CPU pools serve only when no accelerator pool is eligible.
-            "placement": {"vendors": ["nvidia", "amd", "cpu"]},
-            "pools": [
-                {"name": "nvidia-h100-80gb-hbm3", "replicas": min(replicas, 1)},
-                {"name": "cpu-amd64", "replicas": max(replicas - 1, 0)},
-            ],
-        },
-    }
-
-
-class World:
-    """The fake API plus indices rebuilt from it, as kopf's watches would keep them."""
-
-    def __init__(self, services):
-        self.api = FakeApi()
-        for service in services:
-            meta = service["metadata"]
-            self.api.objects[("InferenceService", meta["namespace"], meta["name"])] = service
-        self.kube = Kube(HttpxTransport(self.api.handle))
-        self.indices = {}
-        self.sync()
-        config = OperatorConfig(build_retention_seconds=60)
-        self.ctx = reconcile.Context(
-            kube=self.kube, config=config, metrics=Metrics(), cache=cache.ReadCache(self.indices), clock=lambda: NOW
-        )
-
-    def sync(self):
-        """Every index as the watches would have it after all events arrived."""
-        index = {
-            name: {}
-            for name in (
-                cache.SERVICES,
-                cache.BUILDS,
-                cache.DEPLOYMENTS,
-                cache.SERVICE_OBJECTS,
-                cache.PDBS,
-                cache.NETWORK_POLICIES,
-                cache.JOBS,
-                cache.PODS,
-            )
-        }
-        index[cache.NODES] = {n["metadata"]["name"]: [n] for n in NODES}
-        index[cache.RUNTIMES] = {r["metadata"]["name"]: [r] for r in RUNTIMES}
-        for (kind, ns, name), obj in self.api.objects.items():
-            obj = copy.deepcopy(obj)
-            service = obj["metadata"].get("labels", {}).get(names.SERVICE_LABEL)
-            if kind == "InferenceService":
-                index[cache.SERVICES].setdefault((ns, name), []).append(obj)
-            elif kind == "EngineBuild":
-                index[cache.BUILDS].setdefault(ns, []).append(obj)
-            elif kind == "Job":
-                build = obj["metadata"]["labels"][names.BUILD_LABEL]
-                index[cache.JOBS].setdefault((ns, build), []).append(obj)
-            elif kind == "Pod" and names.BUILD_LABEL in obj["metadata"].get("labels", {}):  # a compile pod
-                build = obj["metadata"]["labels"][names.BUILD_LABEL]
-                index[cache.PODS].setdefault((ns, build), []).append(obj)
-            elif kind in cache.CHILD_INDEXES:
-                index[cache.CHILD_INDEXES[kind]].setdefault((ns, service), []).append(obj)
-        # Claims and serving pods are set by the tests that use them, and kept across syncs.
-        index.update({k: self.indices[k] for k in (cache.CLAIMS, cache.SERVICE_PODS) if k in self.indices})
-        self.indices.clear()
-        self.indices.update(index)
-        self.ctx_written_clear()
-
-    def ctx_written_clear(self):
-        ctx = getattr(self, "ctx", None)
-        if ctx is not None:
-            ctx.cache.written.clear()  # the watch delivered everything written
-
-    def reconcile(self, name="llama"):
-        before = len(self.api.requests)
-        asyncio.run(reconcile.reconcile_service(self.ctx, "team-a", name))
-        return self.api.requests[before:]
-
-    def reconcile_build(self, name, at=NOW):
-        self.ctx.clock = lambda: at
-        before = len(self.api.requests)
-        delay = asyncio.run(reconcile.reconcile_build(self.ctx, "team-a", name))
-        return self.api.requests[before:], delay
-
-    def build_name(self):
-        (name,) = [k[2] for k in self.api.objects if k[0] == "EngineBuild"]
-        return name
-
-    def get(self, kind, name):
-        return self.api.objects.get((kind, "team-a", name))
 
 
 def test_first_rollout_applies_builds_children_and_status_once_each():
-    world = World([_service()])
+    world = World([inference_service()])
     writes = world.reconcile()
     kinds = sorted(kind for _, kind in writes if kind != "Event")
     assert kinds == sorted(
@@ -299,7 +38,7 @@ def test_first_rollout_applies_builds_children_and_status_once_each():
 
 
 def test_a_no_op_resync_writes_nothing():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     world.reconcile()  # status now reflects the first reconcile; nothing else moved
@@ -308,7 +47,7 @@ def test_a_no_op_resync_writes_nothing():
 
 
 def test_a_reconcile_before_the_watch_catches_up_does_not_write_twice():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.reconcile()  # indices still hold the pre-rollout state
     world.sync()
@@ -316,7 +55,7 @@ def test_a_reconcile_before_the_watch_catches_up_does_not_write_twice():
 
 
 def test_a_deleted_child_is_restored():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     world.reconcile()
@@ -328,7 +67,7 @@ def test_a_deleted_child_is_restored():
 
 
 def test_a_child_edited_by_hand_is_put_back_with_a_forced_apply():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     world.reconcile()
@@ -349,7 +88,7 @@ def test_a_child_edited_by_hand_is_put_back_with_a_forced_apply():
 
 
 def test_a_deployment_of_a_pool_no_longer_planned_is_deleted():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     stale = copy.deepcopy(world.get("Deployment", "llama-cpu-amd64"))
     stale["metadata"]["name"] = "llama-amd-mi300x"
@@ -363,7 +102,7 @@ def test_a_deployment_of_a_pool_no_longer_planned_is_deleted():
 
 
 def test_an_object_with_the_services_labels_that_it_does_not_own_is_never_deleted():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     foreign = copy.deepcopy(world.get("Deployment", "llama-cpu-amd64"))
     foreign["metadata"]["name"] = "someone-elses"
@@ -380,7 +119,7 @@ def test_an_object_with_the_services_labels_that_it_does_not_own_is_never_delete
 
 
 def test_a_planned_child_whose_name_is_taken_by_an_object_not_owned_is_left_alone_and_reported():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     taken = world.get("Deployment", "llama-cpu-amd64")
@@ -400,7 +139,7 @@ def test_a_planned_child_whose_name_is_taken_by_an_object_not_owned_is_left_alon
 
 
 def test_an_engine_build_made_by_hand_is_not_garbage_collected():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     name = world.build_name()
@@ -415,7 +154,7 @@ def test_an_engine_build_made_by_hand_is_not_garbage_collected():
 
 
 def test_two_services_with_one_key_share_one_build():
-    world = World([_service("llama"), _service("llama-copy")])
+    world = World([inference_service("llama"), inference_service("llama-copy")])
     world.reconcile("llama")
     world.sync()
     world.reconcile("llama-copy")
@@ -424,7 +163,7 @@ def test_two_services_with_one_key_share_one_build():
 
 
 def test_status_reports_a_bridge_while_the_engine_builds():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     status = world.get("InferenceService", "llama")["status"]
     nvidia = next(p for p in status["pools"] if p["vendor"] == "nvidia")
@@ -434,7 +173,7 @@ def test_status_reports_a_bridge_while_the_engine_builds():
 
 
 def test_a_service_without_replicas_has_no_deployments():
-    world = World([_service(replicas=0)])
+    world = World([inference_service(replicas=0)])
     world.reconcile()
     assert not [k for k in world.api.objects if k[0] == "Deployment"]
 
@@ -457,7 +196,7 @@ def _finish_job(world, job_name, succeeded=True):
 
 
 def test_a_build_runs_one_job_per_attempt_even_before_the_watch_catches_up():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     name = world.build_name()
@@ -479,7 +218,7 @@ def test_a_build_runs_one_job_per_attempt_even_before_the_watch_catches_up():
 
 
 def test_a_finished_build_is_ready_and_the_pool_rolls_to_the_compiled_engine():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     name = world.build_name()
@@ -495,7 +234,7 @@ def test_a_finished_build_is_ready_and_the_pool_rolls_to_the_compiled_engine():
 
 
 def test_a_failed_attempt_waits_out_its_backoff_before_the_next_job():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     name = world.build_name()
@@ -513,7 +252,7 @@ def test_a_failed_attempt_waits_out_its_backoff_before_the_next_job():
 
 
 def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     name = world.build_name()
@@ -535,13 +274,13 @@ def test_an_unreferenced_build_is_deleted_after_the_retention_and_not_before():
 
 
 def test_a_node_that_joins_adds_a_pool_once_the_cluster_is_marked_changed():
-    service = _service(replicas=4)  # overrides: 1 on the H100, 2 on CPU, 1 on the MI300X once it joins
+    service = inference_service(replicas=4)  # overrides: 1 on the H100, 2 on CPU, 1 on the MI300X once it joins
     service["spec"]["pools"][1]["replicas"] = 2
     service["spec"]["pools"].append({"name": "amd-mi300x", "replicas": 1})
     world = World([service])
     world.reconcile()
     world.sync()
-    amd = _node(
+    amd = node(
         "mi300x-0",
         {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.device-id": "74a1"},
         {"amd.com/gpu": "8"},
@@ -554,7 +293,7 @@ def test_a_node_that_joins_adds_a_pool_once_the_cluster_is_marked_changed():
 
 
 def test_a_spec_the_planner_refuses_writes_nothing_but_one_warning_event():
-    service = _service()
+    service = inference_service()
     service["spec"]["engine"] = {"tensorParallelSize": 2}  # CRD rule: must equal gpusPerReplica
     world = World([service])
     assert world.reconcile() == [("POST", "Event")]
@@ -571,25 +310,10 @@ def _degraded(world, name="llama"):
     return next(c for c in status["conditions"] if c["type"] == "Degraded")
 
 
-def _refuse(world, kind, message):
-    """The fake API server answers every apply of `kind` with 422 and `message`."""
-    original = world.api.handle
-
-    def handle(request):
-        match = PATH.match(request.url.path)
-        if request.method == "PATCH" and not match["sub"] and PLURAL_KINDS[match["plural"]] == kind:
-            world.api.requests.append((request.method, kind))
-            return httpx.Response(422, json={"reason": "Invalid", "message": message})
-        return original(request)
-
-    world.kube._transport.handle_with(handle)
-    return lambda: world.kube._transport.handle_with(original)
-
-
 def test_a_refused_child_is_in_status_and_a_warning_event_and_retries_write_nothing_more():
-    world = World([_service()])
+    world = World([inference_service()])
     message = 'Deployment.apps "llama-cpu-amd64" is invalid: spec.template.spec.tolerations[0].key: Invalid value'
-    restore = _refuse(world, "Deployment", message)
+    restore = refuse(world, "Deployment", message)
     try:
         world.reconcile()
     except Exception as error:  # the work queue retries it after its error delay
@@ -621,7 +345,7 @@ def test_a_refused_child_is_in_status_and_a_warning_event_and_retries_write_noth
 
 
 def test_a_missing_engine_cache_claim_is_named_in_status():
-    world = World([_service()])
+    world = World([inference_service()])
     world.indices[cache.CLAIMS] = {"team-a": ["models"]}
     _build_ready(world)
     degraded = _degraded(world)
@@ -648,7 +372,7 @@ def _build_ready(world):
 
 
 def test_an_engine_build_waits_for_its_claim_instead_of_creating_a_job():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     world.indices[cache.CLAIMS] = {}
@@ -664,11 +388,11 @@ def test_an_engine_build_waits_for_its_claim_instead_of_creating_a_job():
 
 
 def test_a_refused_job_is_reported_on_the_engine_build():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     name = world.build_name()
-    _refuse(world, "Job", 'spec.template.spec.tolerations[0].key: Invalid value: "bad key"')
+    refuse(world, "Job", 'spec.template.spec.tolerations[0].key: Invalid value: "bad key"')
     try:
         world.reconcile_build(name)
     except Exception as error:
@@ -682,7 +406,7 @@ def test_a_refused_job_is_reported_on_the_engine_build():
 
 
 def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     world.reconcile()
@@ -721,7 +445,7 @@ def test_serving_pods_that_cannot_schedule_degrade_the_service_once():
 
 
 def test_a_service_whose_build_lacks_the_engine_cache_claim_says_so_while_bridging():
-    world = World([_service()])
+    world = World([inference_service()])
     world.indices[cache.CLAIMS] = {}
     world.reconcile()
     degraded = _degraded(world)
@@ -730,8 +454,8 @@ def test_a_service_whose_build_lacks_the_engine_cache_claim_says_so_while_bridgi
 
 
 def test_a_refusal_of_a_child_no_longer_planned_is_forgotten():
-    world = World([_service()])
-    _refuse(world, "Deployment", "spec.template.spec.tolerations[0]: Invalid value")
+    world = World([inference_service()])
+    refuse(world, "Deployment", "spec.template.spec.tolerations[0]: Invalid value")
     try:
         world.reconcile()
     except Exception:
@@ -746,7 +470,7 @@ def test_a_refusal_of_a_child_no_longer_planned_is_forgotten():
 
 def test_the_work_queue_resyncs_every_object_while_it_exists_and_stops_once_it_is_gone():
     # The level-triggered safety net is the work queue's requeue, not a kopf timer (which needs a finalizer).
-    world = World([_service()])
+    world = World([inference_service()])
     world.ctx.config = OperatorConfig(build_retention_seconds=60, resync_seconds=7)
     service_key = (names.SERVICE_KIND, "team-a", "llama")
     assert 0 < asyncio.run(handlers._work(world.ctx, service_key)) <= 7
@@ -759,7 +483,7 @@ def test_the_work_queue_resyncs_every_object_while_it_exists_and_stops_once_it_i
 
 
 def test_a_missing_api_key_secret_degrades_the_service_with_one_warning_and_no_secret_read():
-    service = _service()
+    service = inference_service()
     service["spec"]["auth"] = {"apiKeySecret": {"name": "llama-keys"}}
     world = World([service])
     world.reconcile()
@@ -791,7 +515,7 @@ def test_a_missing_api_key_secret_degrades_the_service_with_one_warning_and_no_s
 
 
 def test_a_network_policy_follows_the_spec_and_goes_when_the_service_opens_to_the_cluster():
-    service = _service()
+    service = inference_service()
     service["spec"]["networkPolicy"] = {"allow": [{"namespace": "gateway"}]}
     world = World([service])
     world.ctx.config = dataclasses.replace(
@@ -821,7 +545,7 @@ def test_a_network_policy_follows_the_spec_and_goes_when_the_service_opens_to_th
 
 
 def test_serving_pods_that_find_the_engine_lost_get_it_rebuilt_and_the_pool_bridged_meanwhile():
-    world = World([_service()])
+    world = World([inference_service()])
     world.indices[cache.CLAIMS] = {"team-a": ["inferfleet-engine-cache"]}
     world.reconcile()
     world.sync()
@@ -875,7 +599,7 @@ def _gc_ready_build(world, name, at):
 
 
 def test_a_garbage_collected_build_has_its_engine_directory_pruned_by_a_job_first():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     world.sync()
     name = world.build_name()
@@ -889,7 +613,7 @@ def test_a_garbage_collected_build_has_its_engine_directory_pruned_by_a_job_firs
 
 
 def test_with_engine_gc_keep_the_engine_directory_stays():
-    world = World([_service()])
+    world = World([inference_service()])
     world.ctx.config = dataclasses.replace(world.ctx.config, engine_gc="keep")
     world.reconcile()
     world.sync()
@@ -899,7 +623,7 @@ def test_with_engine_gc_keep_the_engine_directory_stays():
 
 
 def _file_world(uri, roots=()):
-    service = _service()
+    service = inference_service()
     service["spec"]["model"]["uri"] = uri
     world = World([service])
     world.ctx.config = dataclasses.replace(world.ctx.config, model_host_path_roots=roots)

@@ -1,4 +1,4 @@
-"""The service reconcile with routing and autoscaling, against the in-memory API server of test_handlers_reconcile:
+"""The service reconcile with routing and autoscaling, against the in-memory API server of reconcile_world:
 the InferencePool follows the CRD and the spec and is repaired, and replicas follow the pods' metrics."""
 
 from __future__ import annotations
@@ -8,16 +8,15 @@ import datetime
 
 import httpx
 import pytest
+from reconcile_world import NOW, World, inference_service, refuse
 
 from inferfleet_operator.controller import reconcile_routing
 from inferfleet_operator.kube.client import ApiError
 from inferfleet_operator.plan import planner
 
-from .test_handlers_reconcile import NOW, World, _refuse, _service
-
 
 def _routed(world_services=None, **routing):
-    service = _service()
+    service = inference_service()
     if routing:
         service["spec"]["routing"] = routing
     return World(world_services or [service])
@@ -104,7 +103,7 @@ def test_disabling_routing_deletes_the_pool_and_an_operator_without_pools_never_
 
 def _autoscaled(load: dict[str, float | None]):
     """A cpu-only autoscaled service whose serving pods report `load` (pod name -> waiting; None: no answer)."""
-    service = _service()
+    service = inference_service()
     service["spec"].pop("pools")
     service["spec"]["autoscaling"] = {
         "minReplicas": 1,
@@ -189,13 +188,13 @@ def test_pods_that_do_not_answer_damp_a_scale_down():
 
 
 def test_a_service_without_autoscaling_never_lists_pods():
-    world = World([_service()])
+    world = World([inference_service()])
     world.reconcile()
     assert ("GET", "Pod") not in world.api.reads
 
 
 def test_gpus_another_service_holds_in_the_pool_cap_the_scale_up():
-    service = _service()
+    service = inference_service()
     service["spec"].pop("pools")
     service["spec"]["replicas"] = 1
     service["spec"]["runtime"] = {"policy": "Paged"}
@@ -273,7 +272,7 @@ def test_a_reconcile_plans_once_even_when_it_scales_routes_and_a_write_is_refuse
     assert calls == {"plan": 1, "status": 1}
     _add_pods(world, 2)
     load.update({"pod-0": 9.0, "pod-1": 7.0})
-    _refuse(world, "Deployment", "spec.template: Invalid value")
+    refuse(world, "Deployment", "spec.template: Invalid value")
     before = len(world.api.requests)
     with pytest.raises(ApiError):  # the work queue retries it after its error delay
         world.reconcile()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import types
 
 import pytest
 import torch
@@ -18,28 +17,16 @@ from inferfleet_runtime.compiled import export
 from inferfleet_runtime.compiled.backends import BackendUnavailable
 from inferfleet_runtime.compiled.manifest import device_architecture
 
+from ..support.compile_backends import stand_in_backend
+
 PROGRESS = re.compile(r"^progress stage=(\S+) percent=(\d+)$")
 TINY = ["--max-context-length", "64", "--max-batch-size", "4", "--dtype", "float32", "--device", "cpu"]
-
-
-def _stand_in_backend(fail_at: str | None = None):
-    built = []
-
-    def build(step, example_inputs, path):
-        if fail_at and fail_at in path.name:
-            raise RuntimeError("compiler crashed")
-        built.append((path.name, tuple(example_inputs[0].shape)))
-        path.write_bytes(b"graph" * 10)
-
-    return types.SimpleNamespace(
-        FILE_SUFFIX=".pt2", check_available=lambda device: None, build=build, load=None, built=built
-    )
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
     def install(fail_at=None):
-        backend = _stand_in_backend(fail_at)
+        backend = stand_in_backend(fail_at)
         monkeypatch.setattr(export, "get_backend", lambda name: backend)
         return backend
 

@@ -15,7 +15,7 @@ from inferfleet_runtime.engine.config import EngineConfig
 from inferfleet_runtime.engine.llm_engine import LLMEngine
 from inferfleet_runtime.engine.sampling_params import SamplingParams
 
-from ..models.test_model_families import CASES, make_checkpoint
+from ..support.family_checkpoints import CASES, make_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from inferfleet_runtime.engine.config import EngineConfig
 from inferfleet_runtime.engine.llm_engine import LLMEngine, match_stops, stop_window_start
 from inferfleet_runtime.engine.sampling_params import SamplingParams
 
-from .test_engine import EOS, ScriptedRunner
+from ..support.scripted_runner import EOS, ScriptedRunner
 
 PROMPT = "ab"
 FIRST_PIECE_ID = 0x1000  # above the prompt's characters

@@ -17,8 +17,9 @@ from inferfleet_runtime.kernels import REFERENCE_OPS, get_ops, native
 from inferfleet_runtime.layers.attention_backend import allocate_kv_cache
 from inferfleet_runtime.layers.linear import NativeLinear, pack_linears
 
+from ..support.native_runs import fused_and_op_by_op, paged_steps
+from ..support.paged_batches import DECODE_SEQ_LENS, VARLEN_BATCH, WINDOWS, make_paged_batch, varlen_query
 from ..support.paged_greedy import greedy_paged
-from .test_paged_attention import DECODE_SEQ_LENS, VARLEN_BATCH, WINDOWS, make_paged_batch, varlen_query
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
 
@@ -249,34 +250,6 @@ def test_build_lands_in_the_kernel_cache_and_is_reused(tmp_path):
         assert len(built) == 1 and not list(tmp_path.glob(".native-*")), list(tmp_path.iterdir())
         built_at.append(built[0].stat().st_mtime_ns)
     assert built_at[0] == built_at[1], "the second process rebuilt instead of loading the cached build"
-
-
-def fused_and_op_by_op(model, steps, block_size: int, threads: int):
-    """(hidden states, caches) of the steps through the whole-stack native forward, then again op by op."""
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        fused_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
-        fused = paged_steps(model, fused_caches, steps, block_size)
-        weights, model.native_weights = model.native_weights, None
-        op_caches = allocate_kv_cache(model.config, 10, block_size, torch.device("cpu"))
-        op_by_op = paged_steps(model, op_caches, steps, block_size)
-        model.native_weights = weights
-    finally:
-        torch.set_num_threads(before)
-    return fused, fused_caches, op_by_op, op_caches
-
-
-def paged_steps(model, kv_caches, steps, block_size):
-    """Runs steps [(block_tables, seq_lens, query_lens, input_ids)] through model; returns each step's hidden."""
-    from inferfleet_runtime.layers.attention_backend import PagedAttention, build_attention_metadata
-
-    hidden = []
-    with torch.inference_mode():
-        for tables, seq_lens, query_lens, ids in steps:
-            meta, positions = build_attention_metadata(tables, seq_lens, query_lens, block_size)
-            hidden.append(model(torch.tensor(ids), positions, PagedAttention(kv_caches, meta, model.ops)))
-    return hidden
 
 
 FORWARD_CONFIGS = {

@@ -13,8 +13,8 @@ from inferfleet_runtime.kernels import native
 from inferfleet_runtime.layers.linear import NativeQuantizedLinear, pack_linears
 from inferfleet_runtime.layers.quantized import QuantizedLinear
 
+from ..support.native_runs import fused_and_op_by_op
 from ..support.paged_greedy import check_int8_activation_agreement, greedy_paged
-from .test_native import fused_and_op_by_op
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: native kernels unavailable")
 

@@ -6,7 +6,13 @@ import torch
 
 from inferfleet_runtime.kernels import paged_attention as pa
 
-from .test_paged_attention import VARLEN_BATCH, dense_causal_attention, gather_sequence, make_paged_batch, varlen_query
+from ..support.paged_batches import (
+    VARLEN_BATCH,
+    dense_causal_attention,
+    gather_sequence,
+    make_paged_batch,
+    varlen_query,
+)
 
 
 def test_shared_layout_matches_reference_and_dense_attention_for_prefill_and_extend():

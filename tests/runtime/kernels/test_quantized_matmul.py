@@ -110,8 +110,10 @@ def test_an_fp8_checkpoint_stays_fp8_under_the_triton_kernels_and_greedy_agrees(
     FP8 bytes and answers as the dequantized model and as transformers running the package's decompression."""
     from inferfleet_runtime.checkpoints.loader import load_model
 
-    from ..checkpoints.test_compressed_tensors import NUM_NEW_TOKENS, PROMPTS, hf_greedy, make_compressed
+    from ..support.compressed_checkpoints import NUM_NEW_TOKENS, PROMPTS, hf_greedy, make_compressed
     from ..support.paged_greedy import greedy_paged
+
+    pytest.importorskip("compressed_tensors")  # the checkpoint is made by the compressed-tensors package
 
     float_dir = tiny_llama_factory("compressed-float")
     model_dir, hf = make_compressed(float_dir, tmp_path / "fp8", 8, None, True, "float-quantized", "float", strategy)

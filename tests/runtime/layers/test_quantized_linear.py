@@ -183,7 +183,7 @@ def greedy_logits(model, ids: list[int]) -> torch.Tensor:
 def test_serve_flag_reaches_the_engine_config_and_compiled_engines_refuse_it(tmp_path, capsys):
     from inferfleet_runtime.server import cli as serve_cli
 
-    from ..server.test_cli import parse_serve
+    from ..support.serve_args import parse_serve
 
     assert serve_cli.config_from_args(parse_serve("--model", "m", "--quantization", "int4")).quantization == "int4"
     assert serve_cli.config_from_args(parse_serve("--model", "m")).quantization == "none"
@@ -215,7 +215,7 @@ def test_a_checkpoint_quantized_by_its_producer_is_refused_in_one_line(tiny_llam
     from inferfleet_runtime.model_config import ConfigError
     from inferfleet_runtime.server import cli as serve_cli
 
-    from ..server.test_cli import parse_serve
+    from ..support.serve_args import parse_serve
 
     model_dir = tmp_path / "w4a16"
     shutil.copytree(tiny_llama_factory("quantized-config"), model_dir)

@@ -19,7 +19,7 @@ from inferfleet_runtime.layers.moe import SparseMoE, route
 from inferfleet_runtime.model_config import ConfigError
 from inferfleet_runtime.models import read_config
 
-from .test_model_families import TINY, make_checkpoint
+from ..support.family_checkpoints import TINY, make_checkpoint
 
 MIXTRAL = dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
 QWEN3_MOE = dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)

@@ -1,6 +1,5 @@
 """`inferfleet-runtime` entry point and `serve`: readable refusals, and a real serve process answering the client."""
 
-import argparse
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ from inferfleet_runtime.cli import main
 from inferfleet_runtime.kernels import native
 from inferfleet_runtime.server import cli as serve_cli
 
+from ..support.serve_args import parse_serve
 from ..support.server_harness import serve_process
 
 
@@ -71,12 +71,6 @@ def test_serve_process_answers_the_openai_client_under_the_demo_name(demo_model_
     # The default kernels: the C kernels where they build (this machine has a compiler), said at start-up.
     kernels = "native" if native.library() is not None else "reference"
     assert f": float32 on cpu, kernels {kernels}, 256 KV blocks of 16 tokens" in served.output
-
-
-def parse_serve(*argv):
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    return parser.parse_args(list(argv))
 
 
 def test_serve_flags_map_onto_the_engine_config():

@@ -19,13 +19,13 @@ from inferfleet_runtime.layers.parallel import TensorParallel, check_shardable, 
 from inferfleet_runtime.model_config import ConfigError
 from inferfleet_runtime.models import read_config
 
-from ..models import test_model_families
-from ..models.test_model_families import TINY, prompts_for
+from ..support import family_checkpoints
+from ..support.family_checkpoints import TINY, prompts_for
 from ..support.paged_greedy import truncate_after_eos
 from ..support.server_harness import serve_process
 
 HERE = Path(__file__).parents[1]
-family_checkpoint = test_model_families.family_checkpoint  # the families' checkpoints, built once per module
+family_checkpoint = family_checkpoints.family_checkpoint  # the families' checkpoints, built once per module
 
 
 def tiny_config(**overrides):
