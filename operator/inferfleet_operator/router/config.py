@@ -1,0 +1,203 @@
+"""RouterConfig: the router's flags (endpoints, pool profiles, keys, limits) parsed into one checked object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from inferfleet_operator.plan.endpoint_picker import PoolProfile
+from inferfleet_runtime.server.auth import ApiKeyError, ApiKeys
+
+FAIL_OPEN = "FailOpen"  # the picker raised: any ready endpoint serves the request
+FAIL_CLOSE = "FailClose"  # the picker raised: 503
+DEFAULT_POOL = "default"
+MAX_BODY_BYTES = 8 << 20  # the runtime's own default limit
+MAX_PROFILE_FILE_BYTES = 1 << 20
+
+# A pool without a profile: slow rates (a small GPU's engine, tens of tokens/s per sequence), so observed rates only
+# ever raise it (the picker moves a profile at most 4x, halfway), and a KV capacity so large the router never refuses
+# a request for length itself (the pod checks the context length and answers 400).
+DEFAULT_PROFILE = PoolProfile(
+    prefill=((128, 200.0), (2048, 400.0)),
+    decode=((1, 10.0), (8, 40.0), (32, 80.0)),
+    max_batch=32,
+    kv_capacity_tokens=1 << 30,
+    block_size=16,
+    has_prefix_cache=False,
+)
+_PROFILE_FIELDS = tuple(f.name for f in fields(PoolProfile) if f.init)
+
+
+class ConfigError(ValueError):
+    """A flag or the profile file holds something the router cannot use; the message is one readable line."""
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    url: str  # scheme://host:port, no path and no trailing slash: the picker's address
+    pool: str
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    endpoints: tuple[EndpointSpec, ...]
+    profiles: Mapping[str, PoolProfile] = field(default_factory=dict)
+    api_keys: ApiKeys | None = None  # None: the router's /v1 endpoints are open
+    upstream_api_key: str | None = None  # sent to the pods in place of the client's key
+    failure_mode: str = FAIL_CLOSE
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_attempts: int = 3  # endpoints tried for one request before it fails with 503
+    scrape_interval_s: float = 0.5  # under the picker's stale_after_s (2 s), so fresh metrics are the rule
+    scrape_timeout_s: float = 1.0  # bounds each /metrics and /ready request
+    connect_timeout_s: float = 3.0
+    read_timeout_s: float = 600.0  # the longest an upstream may stay silent (a long non-streamed answer)
+
+
+def parse_endpoint(value: str) -> EndpointSpec:
+    """`URL[,pool=NAME]`: an http(s) URL of a serving pod, without a path."""
+    url, *options = [part.strip() for part in value.split(",")]
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise ConfigError(f"--endpoint {value!r}: expected http(s)://HOST:PORT[,pool=NAME]")
+    pool = DEFAULT_POOL
+    for option in options:
+        key, sep, name = option.partition("=")
+        if key != "pool" or not sep or not name:
+            raise ConfigError(f"--endpoint {value!r}: expected pool=NAME after the URL, got {option!r}")
+        pool = name
+    return EndpointSpec(f"{parts.scheme}://{parts.netloc}", pool)
+
+
+def parse_profiles(text: str, source: str) -> dict[str, PoolProfile]:
+    """{pool: {prefill: [[prompt tokens, tokens/s], ...], decode: [[batch, tokens/s], ...], max_batch,
+    kv_capacity_tokens, block_size, has_prefix_cache}}: the PoolProfile fields, every one required."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected an object of pool name -> profile")
+    return {str(pool): _profile(pool, value, source) for pool, value in data.items()}
+
+
+def _profile(pool: str, value, source: str) -> PoolProfile:
+    where = f"{source}: pool {pool!r}"
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected an object with {', '.join(_PROFILE_FIELDS)}")
+    missing = [name for name in _PROFILE_FIELDS if name not in value]
+    unknown = sorted(set(value) - set(_PROFILE_FIELDS))
+    if missing or unknown:
+        raise ConfigError(f"{where}: missing {missing}, unknown {unknown}")
+    for name in ("prefill", "decode"):
+        points = value[name]
+        if not isinstance(points, list) or not all(_is_point(p) for p in points):
+            raise ConfigError(f"{where}: {name} must be a list of [x, tokens per second] pairs of numbers")
+    for name in ("max_batch", "kv_capacity_tokens", "block_size"):
+        if type(value[name]) is not int:
+            raise ConfigError(f"{where}: {name} must be an integer")
+    if type(value["has_prefix_cache"]) is not bool:
+        raise ConfigError(f"{where}: has_prefix_cache must be true or false")
+    try:
+        return PoolProfile(
+            tuple(tuple(p) for p in value["prefill"]),
+            tuple(tuple(p) for p in value["decode"]),
+            value["max_batch"],
+            value["kv_capacity_tokens"],
+            value["block_size"],
+            value["has_prefix_cache"],
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _is_point(point) -> bool:
+    return (
+        isinstance(point, list) and len(point) == 2 and all(type(x) in (int, float) and math.isfinite(x) for x in point)
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inferfleet-router", description="OpenAI-compatible router over serving pods, choosing by what each can do"
+    )
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="URL[,pool=NAME]",
+        help="a serving pod, e.g. http://10.0.0.7:8000,pool=nvidia-h100 (repeatable)",
+    )
+    parser.add_argument("--profile-file", metavar="PATH", help="JSON: pool name -> PoolProfile fields")
+    parser.add_argument("--api-key", action="append", default=[], metavar="KEY", help="key clients must send")
+    parser.add_argument("--api-key-file", action="append", default=[], metavar="PATH", help="keys, one a line")
+    parser.add_argument("--upstream-api-key", metavar="KEY", help="key sent to the pods (default: none)")
+    parser.add_argument("--upstream-api-key-file", metavar="PATH", help="read the upstream key from a file")
+    parser.add_argument("--failure-mode", choices=(FAIL_OPEN, FAIL_CLOSE), default=FAIL_CLOSE)
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES, metavar="BYTES")
+    parser.add_argument("--max-attempts", type=int, default=3, metavar="N", help="endpoints tried per request")
+    parser.add_argument("--scrape-interval", type=float, default=0.5, metavar="SECONDS")
+    parser.add_argument("--scrape-timeout", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS")
+    parser.add_argument("--read-timeout", type=float, default=600.0, metavar="SECONDS")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """The config the flags ask for; ConfigError with one readable line on a bad value."""
+    if not args.endpoint:
+        raise ConfigError("at least one --endpoint is needed")
+    endpoints = tuple(parse_endpoint(value) for value in args.endpoint)
+    if len({e.url for e in endpoints}) != len(endpoints):
+        raise ConfigError("an --endpoint URL is given twice")
+    profiles = {}
+    if args.profile_file:
+        profiles = parse_profiles(_read(args.profile_file, MAX_PROFILE_FILE_BYTES), args.profile_file)
+    if args.upstream_api_key and args.upstream_api_key_file:
+        raise ConfigError("give --upstream-api-key or --upstream-api-key-file, not both")
+    try:
+        api_keys = ApiKeys.from_sources(args.api_key, None, args.api_key_file)
+        upstream_keys = ApiKeys.from_sources(
+            [args.upstream_api_key] if args.upstream_api_key else [],
+            None,
+            [args.upstream_api_key_file] if args.upstream_api_key_file else [],
+        )  # a file's first key is the one sent
+    except ApiKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    for name in ("max_request_bytes", "max_attempts"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("scrape_interval", "scrape_timeout", "connect_timeout", "read_timeout"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    return RouterConfig(
+        endpoints=endpoints,
+        profiles=profiles,
+        api_keys=api_keys,
+        upstream_api_key=upstream_keys.keys[0].decode() if upstream_keys else None,
+        failure_mode=args.failure_mode,
+        max_body_bytes=args.max_request_bytes,
+        max_attempts=args.max_attempts,
+        scrape_interval_s=args.scrape_interval,
+        scrape_timeout_s=args.scrape_timeout,
+        connect_timeout_s=args.connect_timeout,
+        read_timeout_s=args.read_timeout,
+    )
+
+
+def _read(path: str, max_bytes: int) -> str:
+    try:
+        with open(Path(path), "rb") as file:
+            data = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    if len(data) > max_bytes:
+        raise ConfigError(f"{path} is over {max_bytes} bytes")
+    return data.decode("utf-8", "replace")
