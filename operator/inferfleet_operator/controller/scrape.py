@@ -21,20 +21,27 @@ _BOUNDS = {WAITING: 1e9, KV_USAGE: 1.0}
 logger = logging.getLogger("inferfleet_operator")
 
 
-def parse_metrics(text: str) -> PodMetrics:
-    """The two load gauges from a Prometheus text page, summed over their label sets (one per model). A gauge with
-    any sample that is not finite or lies outside its bounds is dropped: the pod's word is not taken for it."""
+def bounded_sums(text: str, bounds: dict[str, float]) -> dict[str, float]:
+    """The samples named in `bounds` from a Prometheus text page, each summed over its label sets (one per model). A
+    name with any sample that is not finite or lies outside [0, its bound] is left out: the pod's word is not taken
+    for it."""
     found: dict[str, float] = {}
     invalid: set[str] = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in _BOUNDS:
+            if sample.name in bounds:
                 value = sample.value
-                if not math.isfinite(value) or not 0 <= value <= _BOUNDS[sample.name]:
+                if not math.isfinite(value) or not 0 <= value <= bounds[sample.name]:
                     invalid.add(sample.name)
                 found[sample.name] = found.get(sample.name, 0.0) + value
     for name in invalid:
         found.pop(name)
+    return found
+
+
+def parse_metrics(text: str) -> PodMetrics:
+    """The two load gauges from a Prometheus text page (bounded_sums)."""
+    found = bounded_sums(text, _BOUNDS)
     return PodMetrics(waiting=found.get(WAITING), kv_usage=found.get(KV_USAGE))
 
 
@@ -58,7 +65,7 @@ async def _scrape_one(http: httpx.AsyncClient, url: str | None, timeout: float) 
     if url is None:
         return None
     try:
-        text = await asyncio.wait_for(_read_page(http, url), timeout)
+        text = await asyncio.wait_for(read_page(http, url), timeout)
         metrics = parse_metrics(text)
     except (TimeoutError, httpx.HTTPError, ValueError) as error:
         logger.debug("Failed to scrape %s: %s", url, error)
@@ -66,7 +73,7 @@ async def _scrape_one(http: httpx.AsyncClient, url: str | None, timeout: float) 
     return None if metrics.waiting is None and metrics.kv_usage is None else metrics
 
 
-async def _read_page(http: httpx.AsyncClient, url: str) -> str:
+async def read_page(http: httpx.AsyncClient, url: str) -> str:
     """The page as text, read as a stream: a page over MAX_SCRAPE_BYTES is a ValueError before it is read whole."""
     async with http.stream("GET", url) as response:
         response.raise_for_status()

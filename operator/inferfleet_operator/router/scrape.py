@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from inferfleet_operator.controller.scrape import _read_page, parse_metrics
+from inferfleet_operator.controller.scrape import bounded_sums, parse_metrics, read_page
 from inferfleet_operator.plan.endpoint_picker import EndpointMetrics
 from inferfleet_operator.router.endpoints import EndpointSource, EndpointState, EndpointTable
 
@@ -25,17 +23,7 @@ log = logging.getLogger(__name__)
 
 def parse_running_and_generated(text: str) -> tuple[float | None, float | None]:
     """Running sequences and output tokens generated so far, summed over label sets; None when absent or invalid."""
-    found: dict[str, float] = {}
-    invalid: set[str] = set()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in _BOUNDS:
-                value = sample.value
-                if not math.isfinite(value) or not 0 <= value <= _BOUNDS[sample.name]:
-                    invalid.add(sample.name)
-                found[sample.name] = found.get(sample.name, 0.0) + value
-    for name in invalid:
-        found.pop(name)
+    found = bounded_sums(text, _BOUNDS)
     return found.get(RUNNING), found.get(GENERATED)
 
 
@@ -74,7 +62,7 @@ async def scrape_endpoint(
     url = state.spec.url
     ready = asyncio.ensure_future(asyncio.wait_for(_is_ready(http, f"{url}/ready"), timeout))
     try:
-        text = await asyncio.wait_for(_read_page(http, f"{url}/metrics"), timeout)
+        text = await asyncio.wait_for(read_page(http, f"{url}/metrics"), timeout)
         metrics, generated = endpoint_metrics(text, clock(), state.generated)
     except (TimeoutError, httpx.HTTPError, ValueError) as error:
         log.debug("Failed to scrape %s: %s", url, error)
