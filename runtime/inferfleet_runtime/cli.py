@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "compile": ("inferfleet_runtime.compiled.cli", "build a compiled engine ahead of time"),
     "prune-engine": ("inferfleet_runtime.compiled.prune", "remove a compiled engine from the engine cache"),
     "bench": ("inferfleet_runtime.bench.cli", "run a serving benchmark"),
+    "profile": ("inferfleet_runtime.bench.pool_profile", "measure a pool profile for the router (offline)"),
 }
 
 

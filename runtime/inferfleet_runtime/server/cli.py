@@ -36,47 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the OpenAI model id (default: the model directory's name; inferfleet-demo for the built-in model)",
     )
-    parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), default=None)
-    parser.add_argument("--device", default=None, help="torch device (default: the first accelerator, else cpu)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
-    kv = parser.add_mutually_exclusive_group()
-    kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache blocks to allocate")
-    kv.add_argument(
-        "--kv-cache-memory",
-        type=_bytes,
-        default=None,
-        metavar="BYTES",
-        help="KV cache budget, e.g. 2GiB or 500MB (default: 80%% of free GPU memory; 1GiB on CPU)",
-    )
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="new tokens per engine step")
-    parser.add_argument(
-        "--max-context-length",
-        "--max-model-len",
-        dest="max_context_length",
-        type=int,
-        default=None,
-        help="context limit in tokens, prompt and output together (default: the model's); --max-model-len is vLLM's "
-        "name for it",
-    )
+    add_engine_arguments(parser)
     parser.add_argument(
         "--max-queue-len", type=int, default=1024, help="waiting requests beyond this are refused with 429"
-    )
-    parser.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    parser.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
-    parser.add_argument(
-        "--quantization",
-        choices=QUANTIZATIONS,
-        default="none",
-        help="quantize a float checkpoint's linear weights at load: int8 per output channel, int4 group-wise "
-        "(paged engine only)",
-    )
-    parser.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        metavar="N",
-        help="shard the model over N ranks: N devices, or N processes on a CPU (paged engine only)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument(
@@ -113,6 +75,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The paged engine's flags (EngineConfig but the queue), shared by `serve` and `profile`."""
+    parser.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), default=None)
+    parser.add_argument("--device", default=None, help="torch device (default: the first accelerator, else cpu)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    kv = parser.add_mutually_exclusive_group()
+    kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache blocks to allocate")
+    kv.add_argument(
+        "--kv-cache-memory",
+        type=_bytes,
+        default=None,
+        metavar="BYTES",
+        help="KV cache budget, e.g. 2GiB or 500MB (default: 80%% of free GPU memory; 1GiB on CPU)",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="new tokens per engine step")
+    parser.add_argument(
+        "--max-context-length",
+        "--max-model-len",
+        dest="max_context_length",
+        type=int,
+        default=None,
+        help="context limit in tokens, prompt and output together (default: the model's); --max-model-len is vLLM's "
+        "name for it",
+    )
+    parser.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    parser.add_argument("--kernels", choices=KERNEL_BACKENDS, default="auto")
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help="quantize a float checkpoint's linear weights at load: int8 per output channel, int4 group-wise "
+        "(paged engine only)",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard the model over N ranks: N devices, or N processes on a CPU (paged engine only)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration the flags ask for (ValueError on a bad value)."""
     return EngineConfig(
@@ -122,7 +127,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_context_length=args.max_context_length,
-        max_queue_len=args.max_queue_len,
+        max_queue_len=getattr(args, "max_queue_len", EngineConfig.max_queue_len),  # `profile` queues nothing
         enable_prefix_caching=not args.no_prefix_caching,
         kernels=args.kernels,
         quantization=args.quantization,
@@ -146,24 +151,11 @@ def run(args: argparse.Namespace) -> int:
     if mode == "paged":
         if not args.model:
             return _fail("--engine paged needs --model DIR")
-        from inferfleet_runtime.checkpoints.gguf import GGUFError, find_gguf
-
         model_dir = Path(args.model)
         try:
-            gguf_file = find_gguf(model_dir)
-        except GGUFError as exc:
+            gguf_file = check_paged_model(model_dir, config)
+        except ValueError as exc:
             return _fail(str(exc))
-        if gguf_file is None and not (model_dir / "config.json").is_file():
-            return _fail(f"{model_dir} is not a model directory (no config.json) nor a .gguf file")
-        if gguf_file is None:  # a family this runtime cannot serve is refused here, in one line, not at load
-            from inferfleet_runtime.layers.quantized import check_quantizable
-            from inferfleet_runtime.model_config import ConfigError
-            from inferfleet_runtime.models import read_config_dir
-
-            try:
-                check_quantizable(read_config_dir(model_dir), config.quantization)
-            except (ConfigError, ValueError, KeyError) as exc:
-                return _fail(f"cannot serve {model_dir}: {exc}")
         make_runner = _paged_runner(model_dir, config)
         default_name = gguf_file.stem if gguf_file else _default_name(model_dir)
     else:
@@ -197,6 +189,26 @@ def run(args: argparse.Namespace) -> int:
         limits["max_request_output_tokens"] = args.max_request_output_tokens
     serve(make_runner, config, name, args.host, args.port, args.log_level, api_keys, args.protect_metrics, **limits)
     return 0
+
+
+def check_paged_model(model_dir: Path, config: EngineConfig) -> Path | None:
+    """The .gguf file that model_dir names (None for a checkpoint directory); ValueError, in one line, for a path
+    that is neither or a family this runtime cannot serve: refused here rather than at load."""
+    from inferfleet_runtime.checkpoints.gguf import find_gguf
+
+    gguf_file = find_gguf(model_dir)  # GGUFError is a ValueError
+    if gguf_file is None and not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir} is not a model directory (no config.json) nor a .gguf file")
+    if gguf_file is None:
+        from inferfleet_runtime.layers.quantized import check_quantizable
+        from inferfleet_runtime.model_config import ConfigError
+        from inferfleet_runtime.models import read_config_dir
+
+        try:
+            check_quantizable(read_config_dir(model_dir), config.quantization)
+        except (ConfigError, ValueError, KeyError) as exc:
+            raise ValueError(f"cannot serve {model_dir}: {exc}") from None
+    return gguf_file
 
 
 def serve(

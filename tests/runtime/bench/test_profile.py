@@ -1,0 +1,68 @@
+"""`inferfleet-runtime profile` measures a pool profile on the paged engine that the router's --profile-file reads,
+and refuses points it cannot measure in one line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inferfleet_operator.router.config import parse_profiles
+from inferfleet_runtime.cli import main
+
+SMALL_POINTS = ("--prompt-lengths", "8,32", "--batch-sizes", "1,4", "--decode-steps", "4", "--repeats", "3")
+ONE_POINT = ("--prompt-lengths", "8", "--batch-sizes", "1", "--decode-steps", "1", "--repeats", "1")
+ERROR_PREFIX = "inferfleet-runtime profile: error: "
+
+
+def test_profile_of_the_demo_model_is_read_by_the_router_and_matches_the_engine(demo_model_dir, tmp_path, capsys):
+    out = tmp_path / "profiles.json"
+    engine_flags = ("--block-size", "8", "--num-kv-blocks", "300", "--max-num-seqs", "6")
+    argv = ["profile", "--model", str(demo_model_dir), "--pool", "cpu-demo", "--out", str(out)]
+    assert main([*argv, *engine_flags, *SMALL_POINTS]) == 0
+
+    [(pool, profile)] = parse_profiles(out.read_text(), str(out)).items()
+    assert pool == "cpu-demo"
+    assert [x for x, _ in profile.prefill] == [8, 32]
+    assert [x for x, _ in profile.decode] == [1, 4]
+    rates = [y for _, y in profile.prefill + profile.decode]
+    assert all(math.isfinite(rate) and rate > 0 for rate in rates), rates
+    assert (profile.block_size, profile.kv_capacity_tokens, profile.max_batch) == (8, 300 * 8, 6)
+    assert profile.has_prefix_cache is True
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the profile went to --out; progress goes to stderr
+    assert "Measured prefill of 32 tokens" in captured.err and "Measured decode at batch 4" in captured.err
+
+
+def test_profile_without_out_writes_the_default_pool_to_stdout(demo_model_dir, capsys):
+    argv = ["profile", "--model", str(demo_model_dir), "--num-kv-blocks", "64", "--no-prefix-caching", *ONE_POINT]
+    assert main(argv) == 0
+    [(pool, profile)] = parse_profiles(capsys.readouterr().out, "stdout").items()
+    assert pool == "default"  # the router's pool of endpoints named without one
+    assert profile.has_prefix_cache is False
+    assert (profile.block_size, profile.kv_capacity_tokens) == (16, 64 * 16)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--batch-sizes", "1,0"), "--batch-sizes: '0' is not a positive integer"),
+        (("--prompt-lengths", "16,x"), "--prompt-lengths: 'x' is not a positive integer"),
+        (("--repeats", "0"), "--repeats must be at least 1"),
+        (("--batch-sizes", "8", "--max-num-seqs", "4"), "a batch of 8 exceeds the engine's 4 sequences"),
+        (("--prompt-lengths", "1024"), "a prompt of 1024 tokens leaves no room for an output token"),
+        (("--batch-sizes", "4", "--num-kv-blocks", "8"), "4 sequences of 36 tokens need 12 KV blocks"),
+    ],
+)
+def test_profile_refuses_points_it_cannot_measure_in_one_line(demo_model_dir, capsys, flags, message):
+    assert main(["profile", "--model", str(demo_model_dir), *ONE_POINT, *flags]) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line.startswith(ERROR_PREFIX) and message in line, line
+    assert captured.out == ""
+
+
+def test_profile_refuses_a_missing_model_directory(tmp_path, capsys):
+    assert main(["profile", "--model", str(tmp_path / "missing"), *ONE_POINT]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(ERROR_PREFIX) and "is not a model directory" in line
