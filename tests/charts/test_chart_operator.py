@@ -278,3 +278,12 @@ def test_the_operator_knows_its_namespace_and_labels_for_service_network_policie
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert pairs and all(pod_labels.get(k) == v for k, v in pairs.items())  # they select the operator's pods
     assert pairs.get("app.kubernetes.io/component") == "operator"
+
+
+def test_the_operator_gives_each_services_router_its_own_image_and_pull_policy(render, one):
+    container = _container(render({"image": {"tag": "1.2.3", "pullPolicy": "Never"}}), one)
+    assert container["image"] == "inferfleet/operator:1.2.3"
+    assert "--router-image=inferfleet/operator:1.2.3" in container["args"]
+    assert "--router-image-pull-policy=Never" in container["args"]
+    pinned = _container(render({"image": {"digest": "sha256:" + "a" * 64}}), one)
+    assert "--router-image=inferfleet/operator@sha256:" + "a" * 64 in pinned["args"]

@@ -109,6 +109,10 @@ CRDs they are left to the next upgrade (NOTES.txt says so).
 {{- range .Values.modelHostPaths.allowedRoots }}
 - {{ printf "--model-host-path-root=%s" . | quote }}
 {{- end }}
+- --router-image={{ include "inferfleet.image" . }}
+{{- with .Values.image.pullPolicy }}
+- --router-image-pull-policy={{ . }}
+{{- end }}
 - --scraper-namespace={{ .Release.Namespace }}
 {{- $scraper := include "inferfleet.selectorLabels" . | fromYaml }}
 - --scraper-labels={{ range $i, $key := keys $scraper | sortAlpha }}{{ if $i }},{{ end }}{{ $key }}={{ get $scraper $key }}{{ end }}

@@ -17,6 +17,7 @@ BLOCK_SIZES = (8, 16, 32, 64)
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BUILD_STATES = ("Pending", "Building", "Ready", "Failed")
 INFERENCE_POOL_MODES = ("Auto", "Enabled", "Disabled")
+ROUTING_MODES = ("Router", "Service")
 FAILURE_MODES = ("FailOpen", "FailClose")
 # Who may connect to a service's pods (spec.networkPolicy.exposure).
 EXPOSURES = ("Namespace", "Listed", "Cluster")

@@ -16,6 +16,7 @@ from inferfleet_operator.api.spec_common import (
     POLICIES,
     QUANTITY_PATTERN,
     QUANTIZATIONS,
+    ROUTING_MODES,
     SECRET_NAME_PATTERN,
     URI_PATTERN,
     BuildResources,
@@ -166,9 +167,26 @@ class EndpointPicker(Model):
     failure_mode: str = field("FailClose", "What the gateway does when the picker does not answer.", enum=FAILURE_MODES)
 
 
-class RoutingSpec(Model):
-    """How a gateway reaches the service's pods."""
+class RouterSpec(Model):
+    """The service's router pods (spec.routing.mode Router): the operator's image running `inferfleet-router`."""
 
+    replicas: StrictInt = field(1, "Router pods.", bounds=(1, 16))
+    cpu: str = field("250m", "CPU request of each router pod, a Kubernetes quantity.", pattern=QUANTITY_PATTERN)
+    memory: str = bytes_field("512Mi", "Memory request and limit of each router pod.", "routing.router.memory")
+
+
+class RoutingSpec(Model):
+    """How requests reach the service's pods: through its router or straight through the Service, and for a
+    gateway, through an InferencePool."""
+
+    mode: str = field(
+        "Router",
+        "Router: the service's endpoint is a router that sends each request to the pod predicted to finish it first "
+        "(each pool's measured speed, each pod's load); pods whose /metrics never answer get no traffic. Service: "
+        "the Kubernetes Service spreads connections over every ready serving pod.",
+        enum=ROUTING_MODES,
+    )
+    router: RouterSpec = field(factory=RouterSpec)
     inference_pool: str = field(
         "Auto",
         "Auto: an InferencePool (Gateway API Inference Extension) over every pool's pods when its CRD is served; "

@@ -84,8 +84,11 @@ class ExcludedPool(Model):
 
 
 class RoutingStatus(Model):
-    """The InferencePool, when one is planned."""
+    """The router and the InferencePool, when they are planned."""
 
+    mode: Text = field(None, "Router or Service: what the service's endpoint reaches (spec.routing.mode, as served).")
+    router: Text = field(None, "Name of the router's Deployment (empty: none).")
+    router_message: Text = field(None, "Why the router is or is not deployed.")
     inference_pool: Text = field(None, "Name of the InferencePool (empty: none).")
     api_version: Text = field(None, "Its API version.")
     reason: Text = field(None, "CamelCase reason.")

@@ -182,6 +182,10 @@ class PlanSettings:
     # namespace out, and compile Jobs keep an engine of the key found on the cache): every namespace that can write
     # the engine cache is then trusted with every other's engines. Off: each namespace builds its own.
     share_engines_across_namespaces: bool = False
+    # The image whose `inferfleet-router` serves spec.routing.mode Router (the operator's own image; the chart passes
+    # it); "" = unknown: services are served through the plain Service and status.routing says why.
+    router_image: str = ""
+    router_image_pull_policy: str = ""  # "" = the cluster's default for the image's tag
 
 
 DEFAULT_SETTINGS = PlanSettings()

@@ -39,6 +39,9 @@ class OperatorConfig:
     scraper_labels: tuple[tuple[str, str], ...] = ()
     # Host folders file:// model URIs may mount (chart value modelHostPaths.allowedRoots); empty: none.
     model_host_path_roots: tuple[str, ...] = ()
+    # The image of the services' routers (the operator's own, chart value image); empty: no router is deployed.
+    router_image: str = ""
+    router_image_pull_policy: str = ""
 
     @property
     def is_clusterwide(self) -> bool:
@@ -53,6 +56,8 @@ class OperatorConfig:
             scraper_namespace=self.scraper_namespace,
             scraper_labels=self.scraper_labels,
             host_path_roots=self.model_host_path_roots,
+            router_image=self.router_image,
+            router_image_pull_policy=self.router_image_pull_policy,
         )
 
 
@@ -219,6 +224,22 @@ def build_parser(default_instance: str = _DEFAULTS["instance"]) -> argparse.Argu
         help="a host folder under which file:// model URIs may mount a hostPath (repeatable; compared on whole "
         "path components after normalising); services naming any other are refused with HostPathNotAllowed "
         "(default: none)",
+    )
+    _flag(
+        parser,
+        "router_image",
+        metavar="IMAGE",
+        help="the image whose inferfleet-router serves services of spec.routing.mode Router (the operator's own "
+        "image); empty: every service is served through its plain Service and status.routing says why",
+        shown="none",
+    )
+    _flag(
+        parser,
+        "router_image_pull_policy",
+        choices=["", "Always", "IfNotPresent", "Never"],
+        metavar="POLICY",
+        help="the router pods' imagePullPolicy (Always, IfNotPresent, Never; default: the cluster's)",
+        shown="the cluster's",
     )
     _flag(parser, "log_level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="how much the operator logs")
     return parser

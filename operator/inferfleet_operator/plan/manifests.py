@@ -335,8 +335,8 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     }
 
 
-def service_for(service: InferenceService, settings: PlanSettings) -> dict:
-    """One Service over every pool's pods (selector: inferfleet.dev/service)."""
+def service_for(service: InferenceService, settings: PlanSettings, component: str = "server") -> dict:
+    """The service's endpoint: one Service over its router's pods (component router) or every pool's serving pods."""
     return {
         "apiVersion": KINDS["Service"].api_version,
         "kind": "Service",
@@ -347,7 +347,7 @@ def service_for(service: InferenceService, settings: PlanSettings) -> dict:
         },
         "spec": {
             "type": "ClusterIP",
-            "selector": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"},
+            "selector": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: component},
             "ports": [{"name": "http", "port": settings.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }

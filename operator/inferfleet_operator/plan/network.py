@@ -9,10 +9,11 @@ from inferfleet_operator.api.types import InferenceService, PlanSettings
 from inferfleet_operator.plan.manifests import common_labels
 
 
-def network_policy_for(service: InferenceService, settings: PlanSettings) -> dict | None:
-    """Ingress to the serving pods' port only from the peers the service's exposure names (Namespace: every pod of
-    its namespace, which holds an InferencePool's endpoint picker too), spec.networkPolicy.allow and the operator's
-    own pods (the autoscaler reads /metrics there); other ports and every other peer are refused. None for exposure
+def network_policy_for(service: InferenceService, settings: PlanSettings, has_router: bool = False) -> dict | None:
+    """Ingress to the serving and router pods' port only from the peers the service's exposure names (Namespace:
+    every pod of its namespace, which holds an InferencePool's endpoint picker too), spec.networkPolicy.allow, the
+    service's router pods (has_router) and the operator's own pods (the autoscaler reads /metrics there); other ports
+    and every other peer are refused. None for exposure
     Cluster (no policy). Egress is not restricted. The kubelet's probes come from the node and are not subject to
     it on the common network plugins, nor is `kubectl port-forward` (it enters the pod's network namespace)."""
     exposure = service.spec.exposure
@@ -29,6 +30,8 @@ def network_policy_for(service: InferenceService, settings: PlanSettings) -> dic
         }
         for peer in listed
     ]
+    if has_router and exposure != "Namespace":  # Namespace admits every pod of the namespace already
+        peers.append({"podSelector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "router"}}})
     if settings.scraper_namespace:
         peers.append(
             {
@@ -42,7 +45,10 @@ def network_policy_for(service: InferenceService, settings: PlanSettings) -> dic
         "kind": "NetworkPolicy",
         "metadata": {"name": service.meta.name, "namespace": namespace, "labels": common_labels(service.meta.name)},
         "spec": {
-            "podSelector": {"matchLabels": {SERVICE_LABEL: service.meta.name, COMPONENT_LABEL: "server"}},
+            "podSelector": {
+                "matchLabels": {SERVICE_LABEL: service.meta.name},
+                "matchExpressions": [{"key": COMPONENT_LABEL, "operator": "In", "values": ["router", "server"]}],
+            },
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },

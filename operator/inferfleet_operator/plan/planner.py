@@ -243,7 +243,7 @@ def plan_reconcile(inputs: ServiceInputs) -> ServicePlan:
     status = build_status(service, pools.entries, excluded, num_unplaced, endpoint, inputs.now, not_allowed)
     if scaling is not None:
         status["autoscaling"] = scaling.status()
-    status["routing"] = routing.status
+    status["routing"] = pools.router_status | routing.status
 
     not_owned, stale = _against_live(inputs, service, pools.children)
     lost = findings.engine_lost_pods(inputs.pods or (), POOL_LABEL)

@@ -21,6 +21,7 @@ from inferfleet_operator.plan.engine_key import engine_key, key_namespace, runti
 from inferfleet_operator.plan.manifests import PoolServing
 from inferfleet_operator.plan.network import network_policy_for
 from inferfleet_operator.plan.pool_decision import PoolDecision, decide_pool
+from inferfleet_operator.plan.router import plan_router
 
 MAX_LISTED_NODES = 100  # status.pools[].excludedNodes lists at most this many (excludedNodeCount counts all)
 
@@ -177,12 +178,14 @@ def _plan_pool(
 
 @dataclass(frozen=True)
 class ServicePools:
-    """Every chosen pool's status entry, and what they need: builds, children, the pools that serve."""
+    """Every chosen pool's status entry, and what they need: builds, children, the pools that serve, and what the
+    service's endpoint reaches (status.routing's router part)."""
 
     entries: list[dict]
     engine_builds: list[dict]
     children: list[dict]
     serving: list[str]
+    router_status: dict
 
 
 def plan_pools(
@@ -196,7 +199,7 @@ def plan_pools(
     settings: PlanSettings,
 ) -> ServicePools:
     """Each pool's serving decision with its replicas, its Deployment and the engine builds it needs, and the
-    service's own children (Service, PDB, NetworkPolicy), all owned by the InferenceService."""
+    service's own children (the router, Service, PDB, NetworkPolicy), all owned by the InferenceService."""
     meta = service.meta
     wanted_builds: dict[str, EngineBuildSpec | dict] = {}
     entries, children, serving_pools = [], [], []
@@ -210,8 +213,10 @@ def plan_pools(
             children.append(m.deployment_for_pool(service, serving, settings))
             serving_pools.append(name)
         entries.append(entry)
-    children += [m.service_for(service, settings), m.pdb_for(service)]
-    policy = network_policy_for(service, settings)
+    router = plan_router(service, serving_pools, settings)
+    children += router.children
+    children += [m.service_for(service, settings, router.component), m.pdb_for(service)]
+    policy = network_policy_for(service, settings, has_router=bool(router.children))
     if policy is not None:
         children.append(policy)
     owner = m.owner_reference(API_VERSION, SERVICE_KIND, meta.name, meta.uid)
@@ -223,4 +228,4 @@ def plan_pools(
         labels = ((builds.get(key) or {}).get("metadata") or {}).get("labels", {})
         refs = [k.removeprefix(REF_LABEL_PREFIX) for k in labels if k.startswith(REF_LABEL_PREFIX)]
         engine_builds.append(m.engine_build_for(meta.namespace, wanted_builds[key], refs + [meta.name]))
-    return ServicePools(entries, engine_builds, children, serving_pools)
+    return ServicePools(entries, engine_builds, children, serving_pools, router.status)

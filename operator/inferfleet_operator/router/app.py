@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from inferfleet_operator.plan.endpoint_picker import EndpointPicker
 from inferfleet_operator.router.bodies import CHAT, COMPLETIONS, parse_body
 from inferfleet_operator.router.config import RouterConfig
-from inferfleet_operator.router.endpoints import EndpointSource, EndpointTable, StaticEndpointSource
+from inferfleet_operator.router.endpoints import EndpointSource, EndpointTable, source_for
 from inferfleet_operator.router.errors import RouterError, error_response, unavailable
 from inferfleet_operator.router.metrics import RouterMetrics
 from inferfleet_operator.router.profiles import PoolProfiles
@@ -36,7 +36,7 @@ def build_app(
     """The app over the config's endpoints (or source's), choosing with picker (a fresh EndpointPicker if None)."""
     table = EndpointTable(PoolProfiles(config.profiles))
     router = Router(config, table, picker or EndpointPicker(), RouterMetrics())
-    return create_app(router, source or StaticEndpointSource(config.endpoints))
+    return create_app(router, source or source_for(config))
 
 
 def create_app(router: Router, source: EndpointSource) -> web.Application:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from inferfleet_operator.plan.endpoint_picker import PoolProfile
-from inferfleet_runtime.server.auth import ApiKeyError, ApiKeys
+from inferfleet_runtime.server.auth import ENV_VAR, ApiKeyError, ApiKeys
 
 FAIL_OPEN = "FailOpen"  # the picker raised: any ready endpoint serves the request
 FAIL_CLOSE = "FailClose"  # the picker raised: 503
@@ -44,8 +45,18 @@ class EndpointSpec:
 
 
 @dataclass(frozen=True)
+class PoolAddress:
+    """Every address `host` resolves to, at `port`, is a serving pod of `pool` (a headless Service's name)."""
+
+    pool: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     endpoints: tuple[EndpointSpec, ...]
+    pool_addresses: tuple[PoolAddress, ...] = ()  # re-resolved every resolve_interval_s
     profiles: Mapping[str, PoolProfile] = field(default_factory=dict)
     api_keys: ApiKeys | None = None  # None: the router's /v1 endpoints are open
     upstream_api_key: str | None = None  # sent to the pods in place of the client's key
@@ -56,6 +67,7 @@ class RouterConfig:
     scrape_timeout_s: float = 1.0  # bounds each /metrics and /ready request
     connect_timeout_s: float = 3.0
     read_timeout_s: float = 600.0  # the longest an upstream may stay silent (a long non-streamed answer)
+    resolve_interval_s: float = 2.0  # how often pool addresses are resolved again
 
 
 def parse_endpoint(value: str) -> EndpointSpec:
@@ -71,6 +83,17 @@ def parse_endpoint(value: str) -> EndpointSpec:
             raise ConfigError(f"--endpoint {value!r}: expected pool=NAME after the URL, got {option!r}")
         pool = name
     return EndpointSpec(f"{parts.scheme}://{parts.netloc}", pool)
+
+
+def parse_pool_address(value: str) -> PoolAddress:
+    """`POOL=HOST:PORT`: every address HOST resolves to is a pod of POOL."""
+    pool, sep, address = value.partition("=")
+    host, colon, port = address.rpartition(":")
+    if not sep or not pool or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--pool-address {value!r}: expected POOL=HOST:PORT")
+    if any(c.isspace() or c in "/?#@" for c in host):
+        raise ConfigError(f"--pool-address {value!r}: {host!r} is not a host name")
+    return PoolAddress(pool, host, int(port))
 
 
 def parse_profiles(text: str, source: str) -> dict[str, PoolProfile]:
@@ -134,9 +157,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL[,pool=NAME]",
         help="a serving pod, e.g. http://10.0.0.7:8000,pool=nvidia-h100 (repeatable)",
     )
+    parser.add_argument(
+        "--pool-address",
+        action="append",
+        default=[],
+        metavar="POOL=HOST:PORT",
+        help="every address HOST resolves to (a headless Service: its ready pods) is a pod of POOL (repeatable)",
+    )
+    parser.add_argument("--resolve-interval", type=float, default=2.0, metavar="SECONDS")
     parser.add_argument("--profile-file", metavar="PATH", help="JSON: pool name -> PoolProfile fields")
     parser.add_argument("--api-key", action="append", default=[], metavar="KEY", help="key clients must send")
     parser.add_argument("--api-key-file", action="append", default=[], metavar="PATH", help="keys, one a line")
+    parser.add_argument(
+        "--api-key-env",
+        action="store_true",
+        help=f"clients must send one of the keys in ${ENV_VAR} (comma-separated); the first is sent to the pods",
+    )
     parser.add_argument("--upstream-api-key", metavar="KEY", help="key sent to the pods (default: none)")
     parser.add_argument("--upstream-api-key-file", metavar="PATH", help="read the upstream key from a file")
     parser.add_argument("--failure-mode", choices=(FAIL_OPEN, FAIL_CLOSE), default=FAIL_CLOSE)
@@ -152,21 +188,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     """The config the flags ask for; ConfigError with one readable line on a bad value."""
-    if not args.endpoint:
-        raise ConfigError("at least one --endpoint is needed")
+    if not args.endpoint and not args.pool_address:
+        raise ConfigError("at least one --endpoint or --pool-address is needed")
     endpoints = tuple(parse_endpoint(value) for value in args.endpoint)
     if len({e.url for e in endpoints}) != len(endpoints):
         raise ConfigError("an --endpoint URL is given twice")
+    pool_addresses = tuple(parse_pool_address(value) for value in args.pool_address)
+    if len({a.pool for a in pool_addresses}) != len(pool_addresses):
+        raise ConfigError("a --pool-address pool is given twice")
     profiles = {}
     if args.profile_file:
         profiles = parse_profiles(_read(args.profile_file, MAX_PROFILE_FILE_BYTES), args.profile_file)
     if args.upstream_api_key and args.upstream_api_key_file:
         raise ConfigError("give --upstream-api-key or --upstream-api-key-file, not both")
+    env_keys = os.environ.get(ENV_VAR) if args.api_key_env else None
+    if args.api_key_env and not (env_keys or "").strip():
+        raise ConfigError(f"--api-key-env: ${ENV_VAR} is unset or empty")
+    if args.api_key_env and (args.upstream_api_key or args.upstream_api_key_file):
+        raise ConfigError("--api-key-env sends its first key to the pods: no --upstream-api-key(-file) with it")
     try:
-        api_keys = ApiKeys.from_sources(args.api_key, None, args.api_key_file)
+        api_keys = ApiKeys.from_sources(args.api_key, env_keys, args.api_key_file)
         upstream_keys = ApiKeys.from_sources(
             [args.upstream_api_key] if args.upstream_api_key else [],
-            None,
+            env_keys.split(",", 1)[0] if env_keys else None,
             [args.upstream_api_key_file] if args.upstream_api_key_file else [],
         )  # a file's first key is the one sent
     except ApiKeyError as exc:
@@ -174,11 +218,12 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     for name in ("max_request_bytes", "max_attempts"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("scrape_interval", "scrape_timeout", "connect_timeout", "read_timeout"):
+    for name in ("scrape_interval", "scrape_timeout", "connect_timeout", "read_timeout", "resolve_interval"):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     return RouterConfig(
         endpoints=endpoints,
+        pool_addresses=pool_addresses,
         profiles=profiles,
         api_keys=api_keys,
         upstream_api_key=upstream_keys.keys[0].decode() if upstream_keys else None,
@@ -189,6 +234,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         scrape_timeout_s=args.scrape_timeout,
         connect_timeout_s=args.connect_timeout,
         read_timeout_s=args.read_timeout,
+        resolve_interval_s=args.resolve_interval,
     )
 
 

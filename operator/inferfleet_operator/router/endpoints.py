@@ -2,28 +2,107 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import ipaddress
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from inferfleet_operator.plan.endpoint_picker import Endpoint, EndpointMetrics
-from inferfleet_operator.router.config import EndpointSpec
+from inferfleet_operator.router.config import EndpointSpec, PoolAddress, RouterConfig
 from inferfleet_operator.router.profiles import PoolProfiles
+
+MAX_ADDRESSES_PER_POOL = 1024  # a DNS answer is not trusted to be small
+# getaddrinfo's "no such name" answers: a headless Service with no ready pod has no record at all.
+_NO_RECORD = frozenset(getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name))
+
+log = logging.getLogger(__name__)
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
 class EndpointSource(Protocol):
-    """The serving pods to route over, asked once per scrape round. StaticEndpointSource holds the --endpoint flags;
-    one that watches a service's EndpointSlices is the seam for running in a cluster (not written yet)."""
+    """The serving pods to route over, asked once per scrape round: StaticEndpointSource holds the --endpoint flags,
+    DnsEndpointSource adds the pods behind each --pool-address (in a cluster: one headless Service per pool, whose
+    DNS name resolves to that pool's ready pods)."""
 
-    def endpoints(self) -> Sequence[EndpointSpec]: ...
+    async def endpoints(self) -> Sequence[EndpointSpec]: ...
 
 
 @dataclass(frozen=True)
 class StaticEndpointSource:
     specs: tuple[EndpointSpec, ...]
 
-    def endpoints(self) -> Sequence[EndpointSpec]:
+    async def endpoints(self) -> Sequence[EndpointSpec]:
         return self.specs
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """The addresses host resolves to (IPv4 and IPv6, each once, in the resolver's order)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class DnsEndpointSource:
+    """The static endpoints and, per pool address, one endpoint per address its host resolves to, resolved again
+    once resolve_interval_s has passed. A name with no record means the pool has no ready pod (its endpoints are
+    dropped); any other resolver failure keeps the pool's last answer (the scraper still checks each pod)."""
+
+    def __init__(
+        self,
+        static: Sequence[EndpointSpec],
+        addresses: Sequence[PoolAddress],
+        interval_s: float,
+        resolver: Resolver = resolve,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.static, self.addresses, self.interval_s = tuple(static), tuple(addresses), interval_s
+        self._resolver, self._clock = resolver, clock
+        self._found: dict[str, tuple[EndpointSpec, ...]] = {}
+        self._resolved_at: float | None = None
+
+    async def endpoints(self) -> Sequence[EndpointSpec]:
+        now = self._clock()
+        if self._resolved_at is None or now - self._resolved_at >= self.interval_s:
+            self._resolved_at = now
+            answers = await asyncio.gather(*(self._resolve(a) for a in self.addresses))
+            for address, found in zip(self.addresses, answers):
+                if found is not None:
+                    self._found[address.pool] = found
+        return self.static + tuple(spec for a in self.addresses for spec in self._found.get(a.pool, ()))
+
+    async def _resolve(self, address: PoolAddress) -> tuple[EndpointSpec, ...] | None:
+        """The pool's endpoints now; None when the resolver failed without saying there is no record."""
+        try:
+            hosts = await self._resolver(address.host, address.port)
+        except socket.gaierror as error:
+            if error.errno in _NO_RECORD:
+                return ()
+            log.warning("Failed to resolve %s (pool %s): %s", address.host, address.pool, error)
+            return None
+        except OSError as error:
+            log.warning("Failed to resolve %s (pool %s): %s", address.host, address.pool, error)
+            return None
+        specs = []
+        for host in hosts[:MAX_ADDRESSES_PER_POOL]:
+            try:
+                ip = ipaddress.ip_address(host)
+            except ValueError:  # a resolver answers addresses; anything else is dropped
+                continue
+            netloc = f"[{ip}]" if ip.version == 6 else str(ip)
+            specs.append(EndpointSpec(f"http://{netloc}:{address.port}", address.pool))
+        if len(hosts) > MAX_ADDRESSES_PER_POOL:
+            log.warning("%s resolves to %d addresses; routing over the first %d", address.host, len(hosts), len(specs))
+        return tuple(specs)
+
+
+def source_for(config: RouterConfig) -> EndpointSource:
+    if not config.pool_addresses:
+        return StaticEndpointSource(config.endpoints)
+    return DnsEndpointSource(config.endpoints, config.pool_addresses, config.resolve_interval_s)
 
 
 @dataclass

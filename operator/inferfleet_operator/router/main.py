@@ -20,7 +20,14 @@ async def serve(config: RouterConfig, host: str, port: int) -> None:
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
-        log.info("Started the router on %s:%d over %d endpoints", host, port, len(config.endpoints))
+        pools = ", ".join(f"{a.pool}={a.host}:{a.port}" for a in config.pool_addresses)
+        log.info(
+            "Started the router on %s:%d over %d endpoints%s",
+            host,
+            port,
+            len(config.endpoints),
+            f" and the pods of {pools}" if pools else "",
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -82,7 +82,7 @@ async def scrape_round(
     clock: Callable[[], float],
 ) -> None:
     """Every endpoint the source names, scraped at once; the table updated with what each said."""
-    table.sync(source.endpoints())
+    table.sync(await source.endpoints())
     states = table.states()
     results = await asyncio.gather(
         *(scrape_endpoint(http, state, timeout, clock) for state in states), return_exceptions=True

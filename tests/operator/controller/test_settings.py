@@ -49,3 +49,14 @@ def test_allowed_host_path_roots_are_repeatable_normalised_and_none_by_default(c
     with pytest.raises(SystemExit):
         parse_args(["--model-host-path-root=models"], default_instance="p")
     assert "--model-host-path-root" in capsys.readouterr().err
+
+
+def test_the_router_image_reaches_the_plan_and_no_image_means_no_router(capsys):
+    assert parse_args([], default_instance="p").plan_settings().router_image == ""
+    settings = parse_args(
+        ["--router-image=inferfleet/operator:1", "--router-image-pull-policy=Never"], default_instance="p"
+    ).plan_settings()
+    assert (settings.router_image, settings.router_image_pull_policy) == ("inferfleet/operator:1", "Never")
+    with pytest.raises(SystemExit):
+        parse_args(["--router-image-pull-policy=Sometimes"], default_instance="p")
+    assert "invalid choice" in capsys.readouterr().err

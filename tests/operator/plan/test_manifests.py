@@ -21,6 +21,7 @@ UPDATE = os.environ.get("INFERFLEET_UPDATE_GOLDEN") == "1"
 NODES = [h100("h1"), h100("h2"), mi300x("m1"), cpu("c1")]
 MODEL_DIGEST = "00ff00ff00ff00ff"
 ENGINE_DIGEST = "sha256:" + "ab" * 32
+ROUTED = PlanSettings(router_image="inferfleet/operator:0.1.0", router_image_pull_policy="IfNotPresent")
 
 
 def _scenario() -> dict[str, dict]:
@@ -40,11 +41,11 @@ def _scenario() -> dict[str, dict]:
         engine={"maxContextLength": 8192, "maxBatchSize": 32},
         build={"deadlineSeconds": 3600, "resources": {"cpu": "4", "memory": "24Gi"}},
     )
-    first = plan_service(svc, NODES, RUNTIMES, {}, {}, NOW)
+    first = plan_service(svc, NODES, RUNTIMES, {}, {}, NOW, ROUTED)
     key = first.engine_builds[0]["metadata"]["name"]
     built = with_state(first.engine_builds[0], "Ready")
     built["status"] |= {"modelDigest": MODEL_DIGEST, "engineDigest": ENGINE_DIGEST}  # what its compile Job reported
-    p = plan_service(svc, NODES, RUNTIMES, {key: built}, {}, NOW)
+    p = plan_service(svc, NODES, RUNTIMES, {key: built}, {}, NOW, ROUTED)
     out = {f"{c['kind'].lower()}-{c['metadata']['name']}": c for c in p.children}
     out[f"enginebuild-{key}"] = p.engine_builds[0]
     out[f"job-{key}-1"] = plan_build(built | {"status": {}}, [], NOW).job
@@ -74,7 +75,11 @@ def test_every_golden_file_is_produced():
     assert {p.stem for p in GOLDEN.glob("*.yaml")} == set(SCENARIO)
 
 
-DEPLOYMENTS = [v for k, v in sorted(SCENARIO.items()) if k.startswith("deployment-")]
+DEPLOYMENTS = [  # the serving pools' (the router's: tests/operator/plan/test_router.py)
+    v
+    for k, v in sorted(SCENARIO.items())
+    if k.startswith("deployment-") and v["metadata"]["labels"][names.COMPONENT_LABEL] == "server"
+]
 
 
 def test_compiled_serving_pods_load_only_the_engine_whose_digest_the_build_recorded():
@@ -159,10 +164,11 @@ def test_model_volume_follows_the_uri_scheme():
     ]["volumes"]
 
 
-def test_service_selects_every_pool_and_the_pdb_allows_one_disruption():
+def test_service_selects_the_router_and_the_pdb_allows_one_serving_pod_disrupted():
     svc, pdb = SCENARIO["service-llama"], SCENARIO["poddisruptionbudget-llama"]
-    assert svc["spec"]["selector"] == {names.SERVICE_LABEL: "llama", names.COMPONENT_LABEL: "server"}
-    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    assert svc["spec"]["selector"] == {names.SERVICE_LABEL: "llama", names.COMPONENT_LABEL: "router"}
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == {names.SERVICE_LABEL: "llama", names.COMPONENT_LABEL: "server"}
     # Compile Job pods never carry the service label, so the Service does not route to them.
     job = next(v for k, v in SCENARIO.items() if k.startswith("job-"))
     assert names.SERVICE_LABEL not in job["spec"]["template"]["metadata"]["labels"]

@@ -46,9 +46,9 @@ def _from(policy: dict) -> list[dict]:
 def test_a_default_service_admits_only_its_own_namespace_and_the_operator():
     p = _plan()
     (policy,) = _policies(p)
-    assert policy["spec"]["podSelector"]["matchLabels"] == {
-        "inferfleet.dev/service": "llama",
-        "app.kubernetes.io/component": "server",
+    assert policy["spec"]["podSelector"] == {
+        "matchLabels": {"inferfleet.dev/service": "llama"},
+        "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In", "values": ["router", "server"]}],
     }
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert _from(policy) == [SAME_NAMESPACE, OPERATOR_PEER]

@@ -42,12 +42,15 @@ class RouterProcess:
 
 
 @contextmanager
-def router_process(*args: str, wait_ready: bool = True) -> Iterator[RouterProcess]:
-    """`python -m inferfleet_operator.router.main ARGS` on a free port, once /ready (or /health) answers 200."""
+def router_process(*args: str, wait_ready: bool = True, env: dict | None = None) -> Iterator[RouterProcess]:
+    """`python -m inferfleet_operator.router.main ARGS` on a free port, once /ready (or /health) answers 200; env:
+    variables set for it besides this process's."""
     port = free_port()
     command = [sys.executable, "-m", "inferfleet_operator.router.main", "--host", "127.0.0.1", "--port", str(port)]
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
-        proc = subprocess.Popen([*command, *args], stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        proc = subprocess.Popen(
+            [*command, *args], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     router = RouterProcess(proc, f"http://127.0.0.1:{port}", log.name)
     probe = "/ready" if wait_ready else "/health"
     try:

@@ -11,9 +11,11 @@ from inferfleet_operator.router.config import (
     DEFAULT_POOL,
     ConfigError,
     EndpointSpec,
+    PoolAddress,
     build_parser,
     config_from_args,
     parse_endpoint,
+    parse_pool_address,
     parse_profiles,
 )
 from inferfleet_operator.router.main import main
@@ -81,7 +83,10 @@ def test_flags_give_keys_and_the_upstream_key_read_from_a_file(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        ([], "at least one --endpoint"),
+        ([], "at least one --endpoint or --pool-address"),
+        (["--pool-address", "a=h:1", "--pool-address", "a=g:2"], "pool is given twice"),
+        (["--pool-address", "a=h:1", "--resolve-interval", "0"], "--resolve-interval must be positive"),
+        (["--endpoint", "http://h:1", "--api-key-env"], "INFERFLEET_API_KEY is unset or empty"),
         (["--endpoint", "http://h:1", "--endpoint", "http://h:1/"], "given twice"),
         (["--endpoint", "http://h:1", "--profile-file", "/nonexistent/p.json"], "cannot read /nonexistent/p.json"),
         (["--endpoint", "http://h:1", "--api-key", "has space"], "API key"),
@@ -92,3 +97,26 @@ def test_the_command_exits_2_with_one_readable_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("inferfleet-router: ") and words in err[0]
+
+
+def test_a_pool_address_flag_gives_the_pool_host_and_port():
+    assert parse_pool_address("cpu-amd64=demo-cpu-amd64.ns.svc:8000") == PoolAddress(
+        "cpu-amd64", "demo-cpu-amd64.ns.svc", 8000
+    )
+
+
+@pytest.mark.parametrize("value", ["h:1", "a=h", "a=:1", "a=h:0", "a=h:99999", "a=h:x", "a=h/x:1", "=h:1"])
+def test_a_bad_pool_address_flag_is_refused(value):
+    with pytest.raises(ConfigError, match="--pool-address"):
+        parse_pool_address(value)
+
+
+def test_keys_from_the_environment_are_asked_of_clients_and_the_first_is_sent_to_the_pods(monkeypatch):
+    monkeypatch.setenv("INFERFLEET_API_KEY", "k1, k2")
+    config = config_from_args(build_parser().parse_args(["--pool-address", "a=h:1", "--api-key-env"]))
+    assert config.api_keys.allows("Bearer k1") and config.api_keys.allows("Bearer k2")
+    assert config.upstream_api_key == "k1"
+    with pytest.raises(ConfigError, match="no --upstream-api-key"):
+        config_from_args(
+            build_parser().parse_args(["--pool-address", "a=h:1", "--api-key-env", "--upstream-api-key", "x"])
+        )

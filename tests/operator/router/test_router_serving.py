@@ -152,6 +152,22 @@ def test_the_router_asks_for_its_own_key_and_sends_the_pods_theirs(pods):
         assert httpx.get(f"{router.base_url}/ready").status_code == 200  # probes and /metrics need no key
 
 
+def test_pods_found_by_a_pool_address_are_served_with_the_key_from_the_environment(pods):
+    """As the operator runs it: the pool's pods are what a name resolves to (a headless Service in a cluster,
+    localhost here), and the service's key comes from INFERFLEET_API_KEY: clients must send it, the pods get it."""
+    port = pods[0].base_url.rsplit(":", 1)[1]
+    args = (f"--pool-address=demo=localhost:{port}", "--api-key-env", "--resolve-interval", "0.5")
+    with router_process(*args, env={"INFERFLEET_API_KEY": f"{POD_KEY},second-key"}) as router:
+        body = {"model": MODEL, "prompt": "Beautiful is", "max_tokens": 4}
+        url = f"{router.base_url}/v1/completions"
+        assert_openai_error(httpx.post(url, json=body), 401, "invalid_api_key")
+        before = pod_sample(pods[0], FINISHED)
+        for key in (POD_KEY, "second-key"):  # the pods know only the first: the router sent it for both
+            assert client(router.base_url, key).completions.create(**body).usage.completion_tokens == 4
+        assert pod_sample(pods[0], FINISHED) == before + 2
+        assert "the pods of demo=localhost" in router.output()
+
+
 def test_without_an_answering_endpoint_the_router_answers_503(pods):
     with router_process(f"--endpoint=http://127.0.0.1:{free_port()}", wait_ready=False) as router:
         assert httpx.get(f"{router.base_url}/ready").status_code == 503
