@@ -75,10 +75,14 @@ echo "Pools (engine, runtime, why):"
 kubectl get infsvc demo -n "$workloads" \
   -o jsonpath='{range .status.pools[*]}  {.name}: {.engine} ({.runtime}) - {.choiceReason}{"\n"}{end}'
 kubectl get deployments -n "$workloads" -o wide
+kubectl get infsvc demo -n "$workloads" -o jsonpath='Routing: {.status.routing.mode} - {.status.routing.routerMessage}{"\n"}'
 
-step "Chat completion from the real CPU pod (kubectl port-forward; the Service also spans the simulated pods)"
-pod=$(kubectl get pods -n "$workloads" -l inferfleet.dev/pool=cpu-amd64 -o jsonpath='{.items[0].metadata.name}')
-kubectl port-forward -n "$workloads" "pod/$pod" 18765:8000 >/dev/null 2>&1 &
+until [ "$(kubectl get deployment demo-router -n "$workloads" -o jsonpath='{.status.readyReplicas}' 2>/dev/null)" = 1 ]; do
+  sleep 1
+  [ $(( $(date +%s) - began )) -lt 3600 ] || { echo "[demo] The service's router did not become ready" >&2; exit 1; }
+done
+step "Chat completion through the service's endpoint (its router sends it to the real CPU pod: the simulated pods' /metrics never answer)"
+kubectl port-forward -n "$workloads" service/demo 18765:8000 >/dev/null 2>&1 &
 forward=$!
 trap 'kill $forward 2>/dev/null || true' EXIT
 "$venv/bin/python" "$root/docs/examples/openai_client.py" --base-url http://127.0.0.1:18765/v1 --wait 60 --max-tokens 32

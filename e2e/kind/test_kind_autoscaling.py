@@ -128,7 +128,7 @@ def _autoscaled_service() -> dict:
 
 
 def _pods(kind_cluster, namespace: str) -> list[dict]:
-    return kind_cluster.items("pods", namespace, f"inferfleet.dev/service={SERVICE}")
+    return kind_cluster.items("pods", namespace, f"inferfleet.dev/service={SERVICE},{fleet.SERVERS}")
 
 
 def _ready_since(pod: dict) -> float | None:

@@ -15,9 +15,11 @@ import time
 import uuid
 from contextlib import contextmanager
 
+import httpx
 import openai
 import pytest
 from helpers import ROOT, condition, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -32,6 +34,8 @@ MODEL = "demo"
 CPU_POOL = "cpu-amd64"
 ENGINE = {"maxContextLength": 256, "maxBatchSize": 4, "dtype": "float32"}
 SMALL = {"cpu": "250m", "memory": "1536Mi"}
+ROUTER = {"cpu": "10m", "memory": "256Mi"}  # each service's router: light, and the node has 2 cores
+SERVERS = "app.kubernetes.io/component=server"  # a service's serving pods (its router's pods share its label)
 BUILD = {"resources": {"cpu": "250m", "memory": "6Gi"}}  # a compile Job fits beside the serving pods on 2 cores
 # up.sh taints the simulated GPU nodes so that only pods meant for them land there.
 KWOK_TOLERATION = {
@@ -166,6 +170,7 @@ def _service(name: str, vendors: list[str], replicas: int, runtime: dict | None 
             "resources": SMALL,
             "build": BUILD,
             "runtime": runtime or {"policy": "Paged"},
+            "routing": {"router": ROUTER},
         },
     }
 
@@ -177,7 +182,16 @@ def _ready_replicas(kind_cluster, namespace: str, deployment: str) -> int:
 
 @contextmanager
 def port_forward(kind_cluster, namespace: str, target: str, port: int):
-    """`kubectl port-forward` to a Service, as a user reaches it from a laptop; yields the local base URL."""
+    """`kubectl port-forward` to a Service, as a user reaches it from a laptop, once the service's router is ready
+    (it is, once it has found a ready serving pod); yields the local base URL."""
+    kind, _, name = target.partition("/")
+    if kind == "service":
+        wait_for(
+            lambda: _ready_replicas(kind_cluster, namespace, f"{name}-router") >= 1,
+            timeout=180,
+            interval=1,
+            message=f"{name}-router ready (it routes over the service's ready pods)",
+        )
     cmd = [
         str(kind_cluster.bin / "kubectl"),
         "--kubeconfig",
@@ -228,7 +242,7 @@ def test_operator_runs_from_its_image_as_non_root_in_a_restricted_namespace(kind
 
 
 def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluster, demo):
-    [pod] = kind_cluster.items("pods", demo, selector="inferfleet.dev/service=demo")
+    [pod] = kind_cluster.items("pods", demo, selector=f"inferfleet.dev/service=demo,{SERVERS}")
     assert pod["spec"]["containers"][0]["image"] == kind_cluster.runtime_image
     assert pod["spec"]["nodeName"] == kind_cluster.env["KIND_NODE"]  # the real node, not a KWOK one
     # The C kernels, built by the pod itself at start (g++ in the image, native.c in the wheel, cache under /tmp).
@@ -255,6 +269,64 @@ def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluste
     assert "paged" in wide.lower()
 
 
+def _samples(page: str, name: str) -> dict[tuple[str, str], float]:
+    """(pool, endpoint) -> value of a router metric, from its Prometheus page."""
+    found = {}
+    for family in text_string_to_metric_families(page):
+        for item in family.samples:
+            if item.name == name:
+                found[(item.labels["pool"], item.labels["endpoint"])] = item.value
+    return found
+
+
+def test_the_service_endpoint_is_its_router_which_sends_nothing_to_pods_whose_metrics_never_answer(
+    kind_cluster, serve_ns
+):
+    """One real CPU pod and simulated GPU pools behind one endpoint (as in the demo): the router finds every pool's
+    pods through their headless Services, and only the real pod, whose /metrics answers, gets requests."""
+    mixed = _service("mixed", ["nvidia", "amd", "cpu"], 3)
+    mixed["spec"]["pools"] = [{"name": CPU_POOL, "replicas": 1}]
+    mixed["spec"]["placement"]["tolerations"] = [KWOK_TOLERATION]
+    kind_cluster.apply(mixed, namespace=serve_ns)
+    try:
+
+        def pools_ready() -> set[str]:
+            found = kind_cluster.items("deployments", serve_ns, f"inferfleet.dev/service=mixed,{SERVERS}")
+            is_ready = len(found) >= 2 and all((d["status"].get("readyReplicas") or 0) >= 1 for d in found)
+            return {d["metadata"]["labels"]["inferfleet.dev/pool"] for d in found} if is_ready else set()
+
+        pools = wait_for(pools_ready, timeout=600, interval=2, message="the real pod and the simulated ones ready")
+        assert CPU_POOL in pools
+        [router] = kind_cluster.items(
+            "pods", serve_ns, "inferfleet.dev/service=mixed,app.kubernetes.io/component=router"
+        )
+        assert router["spec"]["nodeName"] == kind_cluster.env["KIND_NODE"]  # the real node, not a simulated one
+        assert router["spec"]["containers"][0]["image"] == kind_cluster.operator_image
+        with port_forward(kind_cluster, serve_ns, "service/mixed", 8000) as base:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+            for _ in range(6):
+                reply = client.completions.create(model=MODEL, prompt="Beautiful is better than", max_tokens=4)
+                assert reply.usage.completion_tokens == 4
+
+            def simulated_endpoints_known() -> str:
+                page = httpx.get(f"{base}/metrics", timeout=10).text
+                known = {pool for pool, _ in _samples(page, "inferfleet_router_endpoint_ready")}
+                return page if known == pools else ""  # the router lists the endpoints it knows at each /metrics
+
+            page = wait_for(simulated_endpoints_known, timeout=60, interval=2, message="every pool's pods known")
+        routed = _samples(page, "inferfleet_router_routed_requests_total")
+        ready = _samples(page, "inferfleet_router_endpoint_ready")
+        print(f"routed: {routed}\nready: {ready}")
+        assert sum(v for (pool, _), v in routed.items() if pool == CPU_POOL) == 6
+        assert sum(v for (pool, _), v in routed.items() if pool != CPU_POOL) == 0
+        assert [v for (pool, _), v in ready.items() if pool == CPU_POOL] == [1.0]
+        assert all(v == 0 for (pool, _), v in ready.items() if pool != CPU_POOL)
+        status = kind_cluster.get("infsvc", "mixed", serve_ns)["status"]["routing"]
+        assert (status["mode"], status["router"]) == ("Router", "mixed-router")
+    finally:
+        kind_cluster.kubectl("delete", "infsvc", "mixed", "-n", serve_ns, "--wait=true", "--timeout=120s", timeout=150)
+
+
 def test_a_tensor_parallel_service_answers_from_one_cpu_pod_running_two_ranks(kind_cluster, demo):
     sharded = _service("sharded", ["cpu"], 1)
     sharded["spec"]["engine"] = {**ENGINE, "tensorParallelSize": 2}
@@ -268,7 +340,7 @@ def test_a_tensor_parallel_service_answers_from_one_cpu_pod_running_two_ranks(ki
             interval=2,
             message=f"{deployment} ready (one pod, two tensor-parallel ranks)",
         )
-        [pod] = kind_cluster.items("pods", demo, selector="inferfleet.dev/service=sharded")
+        [pod] = kind_cluster.items("pods", demo, selector=f"inferfleet.dev/service=sharded,{SERVERS}")
         container = pod["spec"]["containers"][0]
         assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "2"
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
@@ -291,7 +363,7 @@ def test_simulated_gpu_pools_get_their_deployments_in_the_same_cluster(kind_clus
     def gpu_deployments() -> dict[str, dict]:
         found = {
             d["metadata"]["name"]: d
-            for d in kind_cluster.items("deployments", serve_ns, "inferfleet.dev/service=fleet")
+            for d in kind_cluster.items("deployments", serve_ns, f"inferfleet.dev/service=fleet,{SERVERS}")
         }
         return (
             found
@@ -306,7 +378,7 @@ def test_simulated_gpu_pools_get_their_deployments_in_the_same_cluster(kind_clus
         for n in kind_cluster.items("nodes")
         if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") == "fake"
     }
-    pods = kind_cluster.items("pods", serve_ns, "inferfleet.dev/service=fleet")
+    pods = kind_cluster.items("pods", serve_ns, f"inferfleet.dev/service=fleet,{SERVERS}")
     assert pods and {p["spec"].get("nodeName") for p in pods} <= kwok_nodes
     # The NVIDIA pool prefers the compiled TensorRT runtime: its EngineBuild and compile Job exist.
     assert kind_cluster.items("enginebuilds", serve_ns)
@@ -382,13 +454,13 @@ def test_deleted_serving_pod_is_replaced_while_the_service_keeps_answering(kind_
 
     wait_for(lambda: sum(e["outcome"] == "ok" for e in client_lines()) >= 5, timeout=120, message="client traffic")
     [victim, *_] = sorted(
-        p["metadata"]["name"] for p in kind_cluster.items("pods", demo, "inferfleet.dev/service=demo")
+        p["metadata"]["name"] for p in kind_cluster.items("pods", demo, f"inferfleet.dev/service=demo,{SERVERS}")
     )
     deleted_at = time.time()
     kind_cluster.kubectl("delete", "pod", victim, "-n", demo, "--wait=false")
 
     def replaced() -> bool:
-        pods = kind_cluster.items("pods", demo, "inferfleet.dev/service=demo")
+        pods = kind_cluster.items("pods", demo, f"inferfleet.dev/service=demo,{SERVERS}")
         names = {
             p["metadata"]["name"] for p in pods if condition(p, "Ready") and condition(p, "Ready")["status"] == "True"
         }

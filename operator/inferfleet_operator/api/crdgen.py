@@ -46,6 +46,7 @@ FILES = {
             column("Pools", ".status.poolCount", "integer"),
             column("Runtimes", ".status.runtimes"),
             column("Endpoint", ".status.endpoint", priority=1),
+            column("Routing", ".status.routing.mode", priority=1),
             AGE,
         ],
         [

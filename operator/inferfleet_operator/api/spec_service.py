@@ -171,7 +171,7 @@ class RouterSpec(Model):
     """The service's router pods (spec.routing.mode Router): the operator's image running `inferfleet-router`."""
 
     replicas: StrictInt = field(1, "Router pods.", bounds=(1, 16))
-    cpu: str = field("250m", "CPU request of each router pod, a Kubernetes quantity.", pattern=QUANTITY_PATTERN)
+    cpu: str = field("100m", "CPU request of each router pod, a Kubernetes quantity.", pattern=QUANTITY_PATTERN)
     memory: str = bytes_field("512Mi", "Memory request and limit of each router pod.", "routing.router.memory")
 
 
