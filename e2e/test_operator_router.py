@@ -48,7 +48,8 @@ def test_the_router_is_applied_follows_pools_rests_on_resyncs_and_goes_with_mode
     try:
         cluster.apply(first)
         placement = {"nodeSelector": {"inferfleet.dev/e2e-test": label}}
-        cluster.apply(service_manifest("routed", replicas=2, placement=placement), namespace=ns)
+        paged = {"policy": "Paged"}  # no engine build, whose progress would rightly change the pools' Deployments
+        cluster.apply(service_manifest("routed", replicas=2, placement=placement, runtime=paged), namespace=ns)
         wait_for(
             lambda: _pool_addresses(cluster, ns) == ["nvidia-l40s=routed-nvidia-l40s:8000"],
             timeout=45,
