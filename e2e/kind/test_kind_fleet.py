@@ -314,6 +314,15 @@ def test_the_service_endpoint_is_its_router_which_sends_nothing_to_pods_whose_me
                 return page if known == pools else ""  # the router lists the endpoints it knows at each /metrics
 
             page = wait_for(simulated_endpoints_known, timeout=60, interval=2, message="every pool's pods known")
+        rates = {
+            pool: (source, value)
+            for family in text_string_to_metric_families(page)
+            for item in family.samples
+            if item.name == "inferfleet_router_pool_decode_tokens_per_second"
+            for pool, source, value in [(item.labels["pool"], item.labels["source"], item.value)]
+        }
+        print(f"pool profiles: {rates}")
+        assert rates[CPU_POOL][0] == "measured" and rates[CPU_POOL][1] > 0  # the real pod calibrated at its start
         routed = _samples(page, "inferfleet_router_routed_requests_total")
         ready = _samples(page, "inferfleet_router_endpoint_ready")
         print(f"routed: {routed}\nready: {ready}")

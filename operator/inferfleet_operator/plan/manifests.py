@@ -272,6 +272,8 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     else:
         model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings, spec.model.size)
         args = ["serve", "--model", model_dir, "--engine", "paged"] + _serve_limit_args(spec.engine)
+        if spec.routing.mode == "Router":  # the pod measures its profile before it is ready; its router reads it
+            args.append("--calibrate")
         if spec.model.runtime_quantization:
             args += ["--quantization", spec.model.runtime_quantization]
         volumes.append(volume)

@@ -77,6 +77,11 @@ def create_app(router: Router, source: EndpointSource) -> web.Application:
     async def metrics_page(_request: web.Request) -> web.Response:
         for state in router.table.states():
             metrics.ready.labels(state.spec.url, state.spec.pool).set(int(state.is_ready and state.metrics is not None))
+        profiles = router.table.profiles
+        metrics.pool_decode_rate.clear()  # a pool's source changes, and pools leave
+        for pool in sorted({state.spec.pool for state in router.table.states()}):
+            decode = profiles.profile_for(pool).decode
+            metrics.pool_decode_rate.labels(pool, profiles.source(pool)).set(decode[-1][1] if decode else 0.0)
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def background(_app: web.Application):

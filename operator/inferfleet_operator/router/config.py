@@ -105,10 +105,11 @@ def parse_profiles(text: str, source: str) -> dict[str, PoolProfile]:
         raise ConfigError(f"{source}: not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected an object of pool name -> profile")
-    return {str(pool): _profile(pool, value, source) for pool, value in data.items()}
+    return {str(pool): parse_profile(pool, value, source) for pool, value in data.items()}
 
 
-def _profile(pool: str, value, source: str) -> PoolProfile:
+def parse_profile(pool: str, value, source: str) -> PoolProfile:
+    """One pool's profile from its JSON value (a profile file's entry, or a pod's /profile answer)."""
     where = f"{source}: pool {pool!r}"
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expected an object with {', '.join(_PROFILE_FIELDS)}")

@@ -111,6 +111,7 @@ class EndpointState:
     is_ready: bool = False  # the last /ready answered 200, and no request failed to connect since
     metrics: EndpointMetrics | None = None  # None: /metrics never answered
     generated: tuple[float, float] | None = None  # (scraped at, the pod's output tokens so far) of the last scrape
+    is_profile_asked: bool = False  # its /profile was read (once: a pod is ready only after it measured)
 
 
 class EndpointTable:
@@ -147,6 +148,11 @@ class EndpointTable:
         if metrics is not None:  # a failed scrape keeps the last metrics: they age until the picker ignores them
             state.metrics, state.generated = metrics, generated
             self.profiles.observe(state.spec.pool, metrics)
+        self._rebuild()
+
+    def record_profile(self, pool: str, profile) -> None:
+        """A pod's measured profile becomes its pool's; every endpoint of the pool sees it."""
+        self.profiles.record_measured(pool, profile)
         self._rebuild()
 
     def mark_down(self, url: str) -> None:

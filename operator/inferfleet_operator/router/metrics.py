@@ -50,6 +50,13 @@ class RouterMetrics:
         self.ready = Gauge(
             "inferfleet_router_endpoint_ready", "1 when the endpoint may be picked", ENDPOINT_LABELS, registry=r
         )
+        self.pool_decode_rate = Gauge(
+            "inferfleet_router_pool_decode_tokens_per_second",
+            "Decode tokens/s of the pool's profile at its largest measured batch, by where the profile comes from "
+            "(file, measured, learned, default)",
+            ["pool", "source"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

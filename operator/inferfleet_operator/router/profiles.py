@@ -1,5 +1,6 @@
-"""PoolProfiles: each pool's profile, from the profile file, or for a pool without one the conservative default
-scaled by the output rates its pods were observed at (so every pod of the pool shares one learned speed)."""
+"""PoolProfiles: each pool's profile, from the profile file, else as its pods measured it (serve --calibrate, read
+from the first pod of the pool that answers /profile), else the conservative default scaled by the output rates its
+pods were observed at (so every pod of the pool shares one learned speed)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def observed_factor(profile: PoolProfile, metrics: EndpointMetrics) -> float | N
 class PoolProfiles:
     def __init__(self, configured: Mapping[str, PoolProfile], default: PoolProfile = DEFAULT_PROFILE) -> None:
         self._configured = dict(configured)
+        self._measured: dict[str, PoolProfile] = {}  # by pool, from a pod's /profile
         self._default = default
         self._factors: dict[str, float] = {}  # learned, by profile-less pool
         self._learned: dict[str, tuple[float, PoolProfile]] = {}  # (the factor it was built from, the profile)
@@ -44,15 +46,31 @@ class PoolProfiles:
     def profile_for(self, pool: str) -> PoolProfile:
         if pool in self._configured:
             return self._configured[pool]
+        if pool in self._measured:
+            return self._measured[pool]
         learned = self._learned.get(pool)
         return learned[1] if learned is not None else self._default
 
+    def source(self, pool: str) -> str:
+        """Where the pool's profile comes from: file, measured, learned or default."""
+        if pool in self._configured or pool in self._measured:
+            return "file" if pool in self._configured else "measured"
+        return "learned" if pool in self._learned else "default"
+
     def is_learned(self, pool: str) -> bool:
-        return pool not in self._configured
+        return pool not in self._configured and pool not in self._measured
+
+    def needs_measured(self, pool: str) -> bool:
+        """Whether a pod of this pool should be asked for its measured profile."""
+        return self.is_learned(pool)
+
+    def record_measured(self, pool: str, profile: PoolProfile) -> None:
+        """The profile a pod of the pool measured; from now on the pool's (a profile file's entry still wins)."""
+        self._measured[pool] = profile
 
     def observe(self, pool: str, metrics: EndpointMetrics) -> bool:
         """Learns from one scrape of a pod of a profile-less pool; whether the pool's profile changed."""
-        if pool in self._configured:
+        if not self.is_learned(pool):
             return False
         ratio = observed_factor(self._default, metrics)
         if ratio is None:

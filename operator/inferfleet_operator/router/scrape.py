@@ -4,6 +4,7 @@ read with the autoscaler's reader and parser (controller.scrape) and turned into
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 
@@ -11,6 +12,7 @@ import httpx
 
 from inferfleet_operator.controller.scrape import bounded_sums, parse_metrics, read_page
 from inferfleet_operator.plan.endpoint_picker import EndpointMetrics
+from inferfleet_operator.router.config import ConfigError, parse_profile
 from inferfleet_operator.router.endpoints import EndpointSource, EndpointState, EndpointTable
 
 RUNNING = "inferfleet:num_requests_running"
@@ -98,6 +100,41 @@ async def scrape_round(
             log.info("Endpoint %s (pool %s) became %s", state.spec.url, state.spec.pool, _word(result[0]))
 
 
+async def read_profile(http: httpx.AsyncClient, state: EndpointState, timeout: float):
+    """The pod's measured profile (its /profile, bounded like a metrics page and checked like a profile file's
+    entry), or None when it has none or answered something else."""
+    url = f"{state.spec.url}/profile"
+    try:
+        text = await asyncio.wait_for(read_page(http, url), timeout)
+        return parse_profile(state.spec.pool, json.loads(text), url)
+    except (TimeoutError, httpx.HTTPError, ValueError, ConfigError) as error:  # JSONDecodeError is a ValueError
+        log.info("No measured profile from %s: %s", url, error)
+        return None
+
+
+async def ask_profiles(http: httpx.AsyncClient, table: EndpointTable, timeout: float) -> None:
+    """For each pool still without a profile, asks one ready pod not asked before for the profile it measured."""
+    asking: dict[str, EndpointState] = {}
+    for state in table.states():
+        pool = state.spec.pool
+        if state.is_ready and not state.is_profile_asked and table.profiles.needs_measured(pool):
+            asking.setdefault(pool, state)
+    for state in asking.values():
+        state.is_profile_asked = True
+    answers = await asyncio.gather(*(read_profile(http, s, timeout) for s in asking.values()))
+    for (pool, state), profile in zip(asking.items(), answers):
+        if profile is not None and table.profiles.needs_measured(pool):
+            table.record_profile(pool, profile)
+            top = profile.decode[-1] if profile.decode else (0, 0.0)
+            log.info(
+                "Pool %s: profile measured by %s (decode %.0f tokens/s at batch %d)",
+                pool,
+                state.spec.url,
+                top[1],
+                top[0],
+            )
+
+
 async def scrape_forever(
     http: httpx.AsyncClient,
     table: EndpointTable,
@@ -108,6 +145,7 @@ async def scrape_forever(
 ) -> None:
     while True:
         await scrape_round(http, table, source, timeout, clock)
+        await ask_profiles(http, table, timeout)
         await asyncio.sleep(interval)
 
 

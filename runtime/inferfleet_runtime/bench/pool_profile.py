@@ -28,6 +28,11 @@ DECODE_PROMPT_LENGTH = 32  # tokens of each decoding sequence's prompt
 WARMUP_STEPS = 2  # decode steps at each batch size before the timed windows
 FIRST_TOKEN_ID = 16  # random prompts draw ids from here up, clear of the usual special tokens
 SIGNIFICANT_DIGITS = 4  # of the rates written
+# serve --calibrate: a few points, few repeats, so a server on a GPU is ready seconds later (every point that fits)
+CALIBRATION_PROMPT_LENGTHS = (16, 128)
+CALIBRATION_BATCH_SIZES = (1, 4)
+CALIBRATION_STEPS = 8
+CALIBRATION_REPEATS = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +110,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def calibrate_engine(engine) -> dict | None:
+    """The profile `serve --calibrate` measures before the server is ready, on its own engine, at the calibration
+    points that fit it; None (logged) when none fits or the engine cannot be measured: serving goes on without."""
+    context = engine.max_context_length
+    lengths = [n for n in CALIBRATION_PROMPT_LENGTHS if n + 1 <= context]
+    batches = [b for b in CALIBRATION_BATCH_SIZES if b <= engine.config.max_num_seqs]
+    problem = "no calibration point fits the engine's context and batch" if not lengths or not batches else None
+    if problem is None:
+        problem = check_fits(engine, lengths, batches, CALIBRATION_STEPS, CALIBRATION_REPEATS)
+    if problem is not None:
+        _progress(f"Not calibrated: {problem}")
+        return None
+    started = time.perf_counter()
+    try:
+        profile = measure(engine, lengths, batches, CALIBRATION_STEPS, CALIBRATION_REPEATS)
+    except Exception as exc:  # a measurement must never stop the server from serving
+        _progress(f"Not calibrated: {type(exc).__name__}: {exc}")
+        return None
+    _progress(f"Calibrated the engine's profile in {time.perf_counter() - started:.1f} s")
+    return profile
 
 
 def check_fits(engine, prompt_lengths: list[int], batch_sizes: list[int], num_steps: int, num_repeats: int):

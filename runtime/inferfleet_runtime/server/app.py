@@ -63,6 +63,7 @@ class ServerState:
     protect_metrics: bool = False  # /metrics asks for a key too (then scrapers need one)
     max_body_bytes: int = MAX_BODY_BYTES
     max_request_output_tokens: int = MAX_REQUEST_OUTPUT_TOKENS
+    profile: dict | None = None  # the engine's measured pool profile (serve --calibrate), the router's fields
 
 
 def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None) -> FastAPI:
@@ -97,9 +98,9 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
         # With keys, every path but the probes needs one: /v1/*, the API's schema and its pages (/openapi.json,
-        # /docs, /redoc), unknown paths; /metrics only with protect_metrics.
+        # /docs, /redoc), unknown paths; /metrics and /profile only with protect_metrics.
         path = request.url.path
-        guarded = path not in OPEN_PATHS and (path != "/metrics" or state.protect_metrics)
+        guarded = path not in OPEN_PATHS and (path not in ("/metrics", "/profile") or state.protect_metrics)
         if guarded and state.api_keys is not None and not state.api_keys.allows(request.headers.get("authorization")):
             message = "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'"
             error = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
@@ -126,6 +127,14 @@ def create_app(state: ServerState, load: Callable[[], AsyncEngine] | None = None
     @app.get("/metrics")
     async def metrics():
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/profile")
+    async def profile():
+        """The engine's measured pool profile: prefill tokens/s by prompt length, decode tokens/s by batch, its limits."""
+        if state.profile is None:
+            message = "this server measured no profile (serve --calibrate), or has not yet"
+            return _error_response(APIError(404, message, "NotFoundError", code="no_profile"))
+        return state.profile
 
     @app.get("/v1/models")
     async def models():

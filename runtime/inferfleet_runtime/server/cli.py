@@ -56,7 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read API keys from a file, one a line (e.g. a mounted Secret); repeatable",
     )
     parser.add_argument(
-        "--protect-metrics", action="store_true", help="/metrics needs an API key too (/health and /ready never do)"
+        "--protect-metrics",
+        action="store_true",
+        help="/metrics and /profile need an API key too (/health and /ready never do)",
+    )
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="before /ready, measure this engine's pool profile (prefill and decode rates, seconds on a GPU) and "
+        "serve it at /profile, where the router reads it",
     )
     parser.add_argument(
         "--max-request-bytes",
@@ -187,7 +195,18 @@ def run(args: argparse.Namespace) -> int:
     limits = {"max_body_bytes": args.max_request_bytes} if args.max_request_bytes else {}
     if args.max_request_output_tokens:
         limits["max_request_output_tokens"] = args.max_request_output_tokens
-    serve(make_runner, config, name, args.host, args.port, args.log_level, api_keys, args.protect_metrics, **limits)
+    serve(
+        make_runner,
+        config,
+        name,
+        args.host,
+        args.port,
+        args.log_level,
+        api_keys,
+        args.protect_metrics,
+        calibrate=args.calibrate,
+        **limits,
+    )
     return 0
 
 
@@ -220,15 +239,19 @@ def serve(
     log_level: str = "info",
     api_keys=None,
     protect_metrics: bool = False,
+    calibrate: bool = False,
     **state_fields,
 ) -> None:
-    """Starts uvicorn at once (/health answers, /ready says 503) and loads the model in the background."""
+    """Starts uvicorn at once (/health answers, /ready says 503) and loads the model in the background (calibrate:
+    then measures its profile, still before /ready)."""
     import uvicorn
 
     from inferfleet_runtime.server.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    state, load = build_state(make_runner, config, served_model_name, api_keys, protect_metrics, **state_fields)
+    state, load = build_state(
+        make_runner, config, served_model_name, api_keys, protect_metrics, calibrate=calibrate, **state_fields
+    )
     if api_keys is not None:
         logging.getLogger(__name__).info(
             "Required an API key on /v1/*%s (%d key(s))", " and /metrics" if protect_metrics else "", len(api_keys.keys)
@@ -237,9 +260,16 @@ def serve(
 
 
 def build_state(
-    make_runner, config: EngineConfig, served_model_name: str, api_keys=None, protect_metrics=False, **state_fields
+    make_runner,
+    config: EngineConfig,
+    served_model_name: str,
+    api_keys=None,
+    protect_metrics=False,
+    calibrate: bool = False,
+    **state_fields,
 ):
-    """(ServerState, load) for create_app: load() builds the runner, engine and engine thread."""
+    """(ServerState, load) for create_app: load() builds the runner, engine and engine thread (calibrate: measures
+    the engine's profile first, into state.profile)."""
     from inferfleet_runtime.engine.async_engine import AsyncEngine
     from inferfleet_runtime.engine.llm_engine import LLMEngine
     from inferfleet_runtime.engine.metrics import ServerMetrics
@@ -254,7 +284,12 @@ def build_state(
     )
 
     def load() -> AsyncEngine:
-        engine = AsyncEngine(LLMEngine(make_runner(), config), config.max_queue_len, state.metrics)
+        llm = LLMEngine(make_runner(), config)
+        if calibrate:
+            from inferfleet_runtime.bench.pool_profile import calibrate_engine
+
+            state.profile = calibrate_engine(llm)
+        engine = AsyncEngine(llm, config.max_queue_len, state.metrics)
         engine.start()
         return engine
 

@@ -232,7 +232,12 @@ def test_compiled_runtime_needs_a_compile_image_and_paged_refuses_one():
 @pytest.mark.parametrize(
     "file_name, short, scope, columns",
     [
-        ("inferenceservices.yaml", "infsvc", "Namespaced", ["Ready", "Pools", "Runtimes", "Endpoint", "Routing", "Age"]),
+        (
+            "inferenceservices.yaml",
+            "infsvc",
+            "Namespaced",
+            ["Ready", "Pools", "Runtimes", "Endpoint", "Routing", "Age"],
+        ),
         ("inferenceruntimes.yaml", "infrt", "Cluster", ["Engine", "Vendors", "Priority", "Age"]),
         ("enginebuilds.yaml", "eb", "Namespaced", ["State", "Attempts", "Arch", "Progress", "Age"]),
     ],

@@ -128,3 +128,12 @@ def test_a_listed_network_policy_admits_the_router_to_the_serving_pods():
     (rule,) = policy["spec"]["ingress"]
     assert {"podSelector": {"matchLabels": {SERVICE_LABEL: "llama", COMPONENT_LABEL: "router"}}} in rule["from"]
     assert policy["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["router", "server"]
+
+
+def _serving_args(p, deployment: str) -> list[str]:
+    return _child(p, "Deployment", deployment)["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_routed_paged_pods_measure_their_profile_for_the_router_and_plain_ones_do_not():
+    assert "--calibrate" in _serving_args(_plan(), "llama-cpu-amd64")
+    assert "--calibrate" not in _serving_args(_plan(routing={"mode": "Service"}), "llama-cpu-amd64")

@@ -168,6 +168,16 @@ def test_pods_found_by_a_pool_address_are_served_with_the_key_from_the_environme
         assert "the pods of demo=localhost" in router.output()
 
 
+def test_a_pool_takes_the_profile_its_calibrated_pod_measured(demo_model_dir):
+    args = ("--model", str(demo_model_dir), "--num-kv-blocks", "256", "--max-num-seqs", "4", "--log-level", "warning")
+    with serve_process(*args, "--calibrate") as pod, router_process(f"--endpoint={pod.base_url},pool=cpu") as router:
+        measured = httpx.get(f"{pod.base_url}/profile").json()
+        rate = "inferfleet_router_pool_decode_tokens_per_second"
+        wait_for(lambda: sample(router.metrics(), rate, pool="cpu", source="measured") > 0, timeout=30, interval=0.2)
+        assert sample(router.metrics(), rate, pool="cpu", source="measured") == measured["decode"][-1][1]
+        assert "Pool cpu: profile measured by" in router.output()
+
+
 def test_without_an_answering_endpoint_the_router_answers_503(pods):
     with router_process(f"--endpoint=http://127.0.0.1:{free_port()}", wait_ready=False) as router:
         assert httpx.get(f"{router.base_url}/ready").status_code == 503

@@ -4,15 +4,16 @@ way past the bounds or stall a round."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
 
 from inferfleet_operator.controller.scrape import MAX_SCRAPE_BYTES
-from inferfleet_operator.router.config import EndpointSpec
+from inferfleet_operator.router.config import EndpointSpec, parse_profiles
 from inferfleet_operator.router.endpoints import EndpointTable, StaticEndpointSource
 from inferfleet_operator.router.profiles import PoolProfiles
-from inferfleet_operator.router.scrape import endpoint_metrics, scrape_round
+from inferfleet_operator.router.scrape import ask_profiles, endpoint_metrics, scrape_round
 from inferfleet_runtime.engine.metrics import ServerMetrics
 
 
@@ -77,3 +78,61 @@ def test_a_round_finds_who_is_ready_and_answers_and_a_stalled_or_huge_page_count
         ("4", True, False),
     ]
     assert [e.address for e in table.pickable()] == ["http://127.0.0.1:1"]
+
+
+MEASURED = {
+    "prefill": [[16, 900.0], [128, 2400.0]],
+    "decode": [[1, 40.0], [4, 150.0]],
+    "max_batch": 4,
+    "kv_capacity_tokens": 2048,
+    "block_size": 16,
+    "has_prefix_cache": True,
+}
+
+
+def ask(handler, table: EndpointTable, pools: tuple[str, ...] = ("p", "p", "q", "r")) -> list[str]:
+    """One scrape round then one round of profile questions over pods 1-4 of the given pools; the paths asked."""
+    specs = tuple(EndpointSpec(f"http://127.0.0.1:{port}", pool) for port, pool in enumerate(pools, 1))
+    asked = []
+
+    async def recording(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/profile":
+            asked.append(f"{request.url.port}/profile")
+        return await handler(request)
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(recording)) as http:
+            for _ in range(2):  # a second round asks nobody again
+                await scrape_round(http, table, StaticEndpointSource(specs), timeout=0.5, clock=lambda: 5.0)
+                await ask_profiles(http, table, timeout=0.5)
+
+    asyncio.run(run())
+    return asked
+
+
+def test_one_ready_pod_per_pool_is_asked_once_for_its_measured_profile_and_a_bad_answer_is_not_believed():
+    async def handler(request: httpx.Request) -> httpx.Response:
+        port, path = request.url.port, request.url.path
+        if path == "/profile":
+            if port == 3:
+                return httpx.Response(200, text='{"decode": [[1, 1e999]]}')  # infinite, and fields missing
+            if port == 4:
+                return httpx.Response(404, json={"error": {"code": "no_profile"}})
+            return httpx.Response(200, json=MEASURED)
+        return httpx.Response(200, text=page(0, 0, 0.0, 0) if path == "/metrics" else "ok")
+
+    table = EndpointTable(PoolProfiles({}))
+    asked = ask(handler, table)
+    assert sorted(asked) == ["1/profile", "3/profile", "4/profile"]  # pool p once, from its first ready pod
+    profiles = table.profiles
+    assert (profiles.source("p"), profiles.source("q"), profiles.source("r")) == ("measured", "default", "default")
+    assert profiles.profile_for("p").decode == ((1, 40.0), (4, 150.0))
+    assert {e.address: e.profile.max_batch for e in table.endpoints()}["http://127.0.0.1:2"] == 4  # the pool's
+
+
+def test_a_pool_with_a_profile_file_entry_is_not_asked():
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=MEASURED) if request.url.path == "/profile" else httpx.Response(200, text="")
+
+    table = EndpointTable(PoolProfiles(parse_profiles(json.dumps({"p": MEASURED, "q": MEASURED, "r": MEASURED}), "f")))
+    assert ask(handler, table) == []

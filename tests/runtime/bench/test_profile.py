@@ -3,6 +3,7 @@ and refuses points it cannot measure in one line."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -66,3 +67,46 @@ def test_profile_refuses_a_missing_model_directory(tmp_path, capsys):
     assert main(["profile", "--model", str(tmp_path / "missing"), *ONE_POINT]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(ERROR_PREFIX) and "is not a model directory" in line
+
+
+def _engine(demo_model_dir, *flags: str):
+    import argparse
+
+    from inferfleet_runtime.engine.llm_engine import LLMEngine
+    from inferfleet_runtime.server.cli import add_engine_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    return LLMEngine.from_model_dir(str(demo_model_dir), config_from_args(parser.parse_args(list(flags))))
+
+
+def test_calibration_skips_what_does_not_fit_and_says_so(demo_model_dir, capsys):
+    from inferfleet_runtime.bench.pool_profile import calibrate_engine
+
+    engine = _engine(demo_model_dir, "--num-kv-blocks", "64", "--max-context-length", "16")
+    assert calibrate_engine(engine) is None  # no calibration prompt leaves room for an output token
+    assert "Not calibrated: no calibration point fits" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_serve_calibrate_serves_the_profile_the_router_reads_and_only_then_is_ready(demo_model_dir):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ..support.server_harness import serve_process
+
+    flags = ("--model", str(demo_model_dir), "--num-kv-blocks", "128", "--max-num-seqs", "4", "--log-level", "warning")
+    with serve_process(*flags, "--calibrate") as pod:
+        answer = httpx.get(f"{pod.base_url}/profile")
+        assert answer.status_code == 200
+        [(_, profile)] = parse_profiles(json.dumps({"cpu": answer.json()}), "/profile").items()
+        assert [x for x, _ in profile.prefill] == [16, 128] and [x for x, _ in profile.decode] == [1, 4]
+        assert profile.max_batch == 4 and profile.kv_capacity_tokens == 128 * 16
+        # The measurement ran no request through the server: its output-token counter starts at zero.
+        families = text_string_to_metric_families(httpx.get(f"{pod.base_url}/metrics").text)
+        generated = [x.value for f in families for x in f.samples if x.name == "inferfleet:generation_tokens_total"]
+        assert sum(generated) == 0
+    with serve_process(*flags, "--api-key", "k", "--protect-metrics") as pod:
+        assert httpx.get(f"{pod.base_url}/profile").status_code == 401
+        answer = httpx.get(f"{pod.base_url}/profile", headers={"Authorization": "Bearer k"})
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "no_profile"
