@@ -20,6 +20,10 @@ esac
 cluster=${INFERFLEET_KIND_CLUSTER:-inferfleet-$(echo "$root" | sha256sum | cut -c1-6)$role_suffix}
 state=${INFERFLEET_KIND_STATE:-$root/e2e/.state-kind$role_suffix}
 
+# The test tier's worker node: the node class that makes it a pool of its own, and the host cores it may use.
+WORKER_CLASS=${INFERFLEET_KIND_WORKER_CLASS:-small}
+WORKER_CPUS=${INFERFLEET_KIND_WORKER_CPUS:-0.5}
+
 log() { echo "[kind] $*" >&2; }
 
 # Exit 0 when a privileged container cannot start here (the known failure, nothing else), so the

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Brings up (or reuses) this work tree's kind cluster with real CPU capacity and simulated GPU
 # pools: Docker engine, the project's images, a node image at the pinned Kubernetes version, one
-# control-plane node that also runs workloads, the images loaded, the KWOK controller deployed into
-# the cluster with the NVIDIA/AMD/Intel fake nodes from e2e/nodes/. Writes $state/env (KUBECONFIG,
-# image names, cluster name) and prints its path on stdout; progress with timings on stderr.
+# control-plane node that also runs workloads (and, for the test tier, a smaller real worker node
+# that is a pool of its own), the images loaded, the KWOK controller deployed into the cluster with
+# the NVIDIA/AMD/Intel fake nodes from e2e/nodes/. Writes $state/env (KUBECONFIG, image names,
+# cluster name, nodes) and prints its path on stdout; progress with timings on stderr.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 mkdir -p "$state/models"
@@ -32,14 +33,22 @@ if needs_unprivileged_workaround "$node_image"; then
 fi
 
 node="$cluster-control-plane"
+# Real worker nodes: the test tier has one, a smaller machine (WORKER_CPUS of the host's cores) labelled and
+# tainted as its own pool (node class $WORKER_CLASS), so routing meets real pods of different speed.
+num_workers=${INFERFLEET_KIND_WORKERS:-$([ "${INFERFLEET_KIND_ROLE:-demo}" = tests ] && echo 1 || echo 0)}
+workers=()
+for i in $(seq 1 "$num_workers"); do workers+=("$cluster-worker$([ "$i" = 1 ] || echo "$i")"); done
 if has_kind_cluster "${kind[@]}" "$cluster"; then
-  if [ "$(docker inspect -f '{{.Config.Image}}' "$node" 2>/dev/null)" = "$node_image" ] &&
+  listed=$("${kind[@]}" get nodes --name "$cluster" 2>/dev/null | sort | tr '\n' ' ')
+  wanted=$(printf '%s\n' "$node" "${workers[@]}" | sort | tr '\n' ' ')
+  if [ "$listed" = "$wanted" ] &&
+     [ "$(docker inspect -f '{{.Config.Image}}' "$node" 2>/dev/null)" = "$node_image" ] &&
      [ "$(docker inspect -f '{{.State.Running}}' "$node" 2>/dev/null)" = true ] &&
      "${kind[@]}" get kubeconfig --name "$cluster" > "$state/kubeconfig" 2>/dev/null &&
      "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1; then
     step "Reusing kind cluster $cluster"
   else
-    step "Deleting kind cluster $cluster (stale node image or not running)"
+    step "Deleting kind cluster $cluster (stale node image, other nodes or not running)"
     "${kind[@]}" delete cluster --name "$cluster" >&2
   fi
 fi
@@ -52,9 +61,11 @@ if ! has_kind_cluster "${kind[@]}" "$cluster"; then
     # The assembled node image has no kindnetd: its bridge CNI config serves the single node.
     case "$node_image" in inferfleet/*) printf 'networking:\n  disableDefaultCNI: true\n' ;; esac
     echo "nodes:"
-    echo "  - role: control-plane"
-    echo "    extraMounts:"
-    echo "      - {hostPath: $state/models, containerPath: /inferfleet-models, readOnly: true}"
+    for role in control-plane $(for _ in "${workers[@]}"; do echo worker; done); do
+      echo "  - role: $role"
+      echo "    extraMounts:"
+      echo "      - {hostPath: $state/models, containerPath: /inferfleet-models, readOnly: true}"
+    done
     # kubelet >= 1.35 refuses cgroup v1 hosts unless told otherwise.
     if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
       printf 'kubeadmConfigPatches:\n  - |\n    kind: KubeletConfiguration\n    failCgroupV1: false\n'
@@ -62,6 +73,17 @@ if ! has_kind_cluster "${kind[@]}" "$cluster"; then
   } > "$state/kind-config.yaml"
   "${kind[@]}" create cluster --name "$cluster" --image "$node_image" --config "$state/kind-config.yaml" \
     --kubeconfig "$state/kubeconfig" --wait 180s >&2
+fi
+if [ "${#workers[@]}" -gt 0 ]; then
+  step "Pod network across ${#workers[@]} worker node(s)"
+  bash "$here/pod-network.sh" "$state/kubeconfig" "$cp_bin/kubectl" "$node" "${workers[@]}"
+  # kind taints the control plane when a cluster has workers; here it runs the workloads as in a one-node cluster.
+  "${kubectl[@]}" taint node "$node" node-role.kubernetes.io/control-plane:NoSchedule- >/dev/null 2>&1 || true
+  for worker in "${workers[@]}"; do
+    docker update --cpus "$WORKER_CPUS" "$worker" >/dev/null
+    "${kubectl[@]}" label node "$worker" "inferfleet.dev/node-class=$WORKER_CLASS" --overwrite >/dev/null
+    "${kubectl[@]}" taint node "$worker" "inferfleet.dev/node-class=$WORKER_CLASS:NoSchedule" --overwrite >/dev/null
+  done
 fi
 
 step "Loading images into the node (skipped for those it already has)"
@@ -74,22 +96,29 @@ if ! docker image inspect "$kwok_image" >/dev/null 2>&1; then
 fi
 for image in "$operator_image" "$kwok_image" "$runtime_image"; do
   id=$(docker image inspect -f '{{.Id}}' "$image")
-  # Read whole before grep, as in has_kind_cluster: an early grep exit would fail the pipe and reload the image.
-  present=$(docker exec "$node" crictl inspecti -q "docker.io/$image" 2>/dev/null || true)
-  if grep -qF "$id" <<<"$present"; then
+  missing=()
+  for each in "$node" "${workers[@]}"; do
+    # Read whole before grep, as in has_kind_cluster: an early grep exit would fail the pipe and reload the image.
+    present=$(docker exec "$each" crictl inspecti -q "docker.io/$image" 2>/dev/null || true)
+    if ! grep -qF "$id" <<<"$present"; then missing+=("$each"); fi
+  done
+  if [ "${#missing[@]}" -eq 0 ]; then
     log "  $image: present"
-  else
+    continue
+  fi
+  for each in "${missing[@]}"; do
     # The node's earlier builds of this image first: each is gigabytes of the node's disk, and nothing here
     # runs them once the release moves to this tag (one still running keeps its image: crictl refuses).
-    docker exec "$node" crictl images 2>/dev/null | awk -v repo="docker.io/${image%:*}" -v tag="${image##*:}" \
+    docker exec "$each" crictl images 2>/dev/null | awk -v repo="docker.io/${image%:*}" -v tag="${image##*:}" \
       '$1 == repo && $2 != tag {print $3}' | while read -r old; do
-      if docker exec "$node" crictl rmi "$old" >/dev/null 2>&1; then log "  removed an earlier ${image%:*} from the node"; fi
+      if docker exec "$each" crictl rmi "$old" >/dev/null 2>&1; then log "  removed an earlier ${image%:*} from $each"; fi
     done
-    t=$(date +%s)
-    "${kind[@]}" load docker-image --name "$cluster" "$image" >/dev/null 2>"$state/load.err" ||
-      { log "  $image: kind load failed (free disk: $(df -h --output=avail "$state" | tail -1)): $(tail -3 "$state/load.err")"; exit 1; }
-    log "  $image: loaded in $(( $(date +%s) - t )) s"
-  fi
+  done
+  t=$(date +%s)
+  nodes_csv=$(IFS=,; echo "${missing[*]}")
+  "${kind[@]}" load docker-image --name "$cluster" --nodes "$nodes_csv" "$image" >/dev/null 2>"$state/load.err" ||
+    { log "  $image: kind load failed (free disk: $(df -h --output=avail "$state" | tail -1)): $(tail -3 "$state/load.err")"; exit 1; }
+  log "  $image: loaded into ${#missing[@]} node(s) in $(( $(date +%s) - t )) s"
 done
 
 step "KWOK controller and the simulated GPU nodes"
@@ -112,6 +141,8 @@ for f in nvidia-h100 amd-mi300x intel-max1550; do "${kubectl[@]}" apply -f "$roo
   echo "KUBECONFIG=$state/kubeconfig"
   echo "KIND_CLUSTER=$cluster"
   echo "KIND_NODE=$node"
+  echo "KIND_WORKERS=${workers[*]}"
+  echo "WORKER_CLASS=$WORKER_CLASS"
   echo "RUNTIME_IMAGE=$runtime_image"
   echo "OPERATOR_IMAGE=$operator_image"
   echo "MODELS_DIR=$state/models"

@@ -67,6 +67,8 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 SERVICE_LABEL = f"{GROUP}/service"
 POOL_LABEL = f"{GROUP}/pool"
+# On a Node: the administrator splits its vendor and product pool by class (e.g. node size or pricing): pool <product>-<class>.
+NODE_CLASS_LABEL = f"{GROUP}/node-class"
 ENGINE_LABEL = f"{GROUP}/engine"  # "paged" | "compiled"
 ENGINE_KEY_LABEL = f"{GROUP}/engine-key"
 BUILD_LABEL = f"{GROUP}/engine-build"  # on Jobs and their pods: the EngineBuild name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from inferfleet_operator.api.names import NODE_CLASS_LABEL
 from inferfleet_operator.api.quantity import to_int, to_millis
 
 # Extended resources advertised by each vendor's device plugin, in the order they are tried.
@@ -129,6 +130,10 @@ class NodeInfo:
     labels: dict
     taints: tuple[dict, ...]
     signals: tuple[str, ...]  # which signal schemes contributed, for explanations
+    node_class: str = ""  # the NODE_CLASS_LABEL value: its own pool within the vendor and product ("" for none)
+
+
+NODE_CLASS_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$")  # a pool name's part: short and DNS-safe
 
 
 def _slug(text: str) -> str:
@@ -316,6 +321,13 @@ def classify_node(node: dict) -> NodeInfo:
         arch = product if arch == UNKNOWN and product != UNKNOWN else arch
 
     reason = _ready_reason(node)
+    node_class = labels.get(NODE_CLASS_LABEL, "")
+    if node_class and not NODE_CLASS_PATTERN.match(node_class):
+        reason = reason or (
+            f"InvalidNodeClass: label {NODE_CLASS_LABEL}={node_class!r} must be lowercase letters, digits and '-', "
+            "at most 20 characters"
+        )
+        node_class = ""
     if vendor == "cpu":
         cpu_arch = labels.get("kubernetes.io/arch", "amd64")
         product, arch, count, gpu_resource = _slug(cpu_arch), _slug(cpu_arch), 0, ""
@@ -342,4 +354,5 @@ def classify_node(node: dict) -> NodeInfo:
         labels=labels,
         taints=tuple((node.get("spec") or {}).get("taints") or ()),
         signals=tuple(signals),
+        node_class=node_class,
     )

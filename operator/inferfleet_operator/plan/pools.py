@@ -60,21 +60,23 @@ def common_resource(infos) -> str:
 
 
 def group_pools(nodes: list) -> list[Pool]:
-    """Nodes (Node dicts or NodeInfo) -> pools sorted by name. A product whose nodes are all excluded still
-    yields a pool (with no node_names) so its exclusion can be explained."""
+    """Nodes (Node dicts or NodeInfo) -> pools sorted by name, one per vendor, product and node class (label
+    inferfleet.dev/node-class). A product whose nodes are all excluded still yields a pool (with no node_names) so
+    its exclusion can be explained."""
     infos = [n if isinstance(n, NodeInfo) else classify_node(n) for n in nodes]
-    groups: dict[tuple[str, str], list[NodeInfo]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[NodeInfo]] = defaultdict(list)
     for info in infos:
-        groups[(info.vendor, info.product)].append(info)
+        groups[(info.vendor, info.product, info.node_class)].append(info)
     pools = []
-    for (vendor, product), members in groups.items():
+    for (vendor, product, node_class), members in groups.items():
         members.sort(key=lambda i: i.name)
         eligible = [i for i in members if i.is_eligible]
         labels = {i.pool_label for i in eligible}
-        pool_label = next(iter(labels)) if len(labels) == 1 else None
+        # A class splits a product's nodes: its product label would match the other classes too, so pin by name.
+        pool_label = next(iter(labels)) if len(labels) == 1 and not node_class else None
         pools.append(
             Pool(
-                name=pool_name(vendor, product),
+                name=pool_name(vendor, f"{product}-{node_class}" if node_class else product),
                 vendor=vendor,
                 product=product,
                 architecture=_architecture(eligible or members),

@@ -286,7 +286,7 @@ def build_state(
     def load() -> AsyncEngine:
         llm = LLMEngine(make_runner(), config)
         if calibrate:
-            from inferfleet_runtime.bench.pool_profile import calibrate_engine
+            from inferfleet_runtime.engine.calibration import calibrate_engine
 
             state.profile = calibrate_engine(llm)
         engine = AsyncEngine(llm, config.max_queue_len, state.metrics)

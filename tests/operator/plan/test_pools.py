@@ -61,3 +61,27 @@ def test_identical_mi300x_labelled_by_either_amd_scheme_share_one_pool():
     (pool,) = group_pools([mi300x("m1"), beta])
     assert (pool.name, pool.node_names, pool.architecture) == ("amd-mi300x", ("beta", "m1"), "gfx942")
     assert pool.pool_label is None  # pinned by node name: the beta node lacks the amd.com label
+
+
+def _classed(make, name: str, node_class: str, **kw) -> dict:
+    obj = make(name, **kw)
+    obj["metadata"]["labels"]["inferfleet.dev/node-class"] = node_class
+    return obj
+
+
+def test_a_node_class_label_splits_a_product_into_pools_pinned_by_node_name():
+    pools = group_pools([cpu("c1"), _classed(cpu, "c2", "small"), h100("h1"), _classed(h100, "h2", "spot")])
+    assert [(p.name, p.node_names) for p in pools] == [
+        ("cpu-amd64", ("c1",)),
+        ("cpu-amd64-small", ("c2",)),
+        ("nvidia-h100-80gb-hbm3", ("h1",)),
+        ("nvidia-h100-80gb-hbm3-spot", ("h2",)),
+    ]
+    spot = pools[-1]
+    assert spot.pool_label is None  # the product label would match the unclassed node too
+    assert (spot.product, spot.architecture, spot.gpus_per_node) == ("h100-80gb-hbm3", "sm90", 8)
+
+
+def test_a_malformed_node_class_excludes_the_node_saying_why():
+    (pool,) = group_pools([_classed(cpu, "c1", "Not A Class")])
+    assert pool.node_names == () and pool.excluded_nodes[0][1].startswith("InvalidNodeClass: label inferfleet.dev/")

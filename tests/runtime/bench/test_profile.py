@@ -81,7 +81,7 @@ def _engine(demo_model_dir, *flags: str):
 
 
 def test_calibration_skips_what_does_not_fit_and_says_so(demo_model_dir, capsys):
-    from inferfleet_runtime.bench.pool_profile import calibrate_engine
+    from inferfleet_runtime.engine.calibration import calibrate_engine
 
     engine = _engine(demo_model_dir, "--num-kv-blocks", "64", "--max-context-length", "16")
     assert calibrate_engine(engine) is None  # no calibration prompt leaves room for an output token
