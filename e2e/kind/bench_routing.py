@@ -2,7 +2,8 @@
 
     INFERFLEET_BENCH_SECONDS=45 INFERFLEET_BENCH_OUT=results.json python -m pytest e2e/kind/bench_routing.py -s
 
-One service over two real pools of different speed: the control-plane node's (cpu-amd64) and the worker node's
+One service serving SmolLM2-135M-Instruct (the demo's real model, fetched once into the cluster's model folder) over
+two real pools of different speed: the control-plane node's (cpu-amd64) and the worker node's
 (a node class of its own, on fewer of the host's cores; e2e/kind/up.sh). Its pods first run in mode Router, where
 each measures its profile at start; the fleet's capacity is the sum of the pools' measured decode rates at their
 largest batch. An open-loop client in a pod of the cluster (Poisson arrivals, streamed completions of MAX_TOKENS
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import sys
 
 import pytest
 from helpers import wait_for
@@ -26,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 release, serve_ns = fleet.release, fleet.serve_ns  # the fleet module's fixtures, used here by name
 
 SERVICE = "bench"
+MODEL = "smollm2"  # `inferfleet-runtime demo-model --real`: the demo's GGUF file, served as float32
 MAX_TOKENS = 32
 LOADS = (0.5, 0.8, 1.0, 1.2)
 FINISHED = "inferfleet:e2e_request_latency_seconds_count"
@@ -35,11 +39,11 @@ RATE = "inferfleet_router_pool_decode_tokens_per_second"
 # streamed completion on a connection of its own; one JSON line per request with the arrival time of every chunk.
 LOAD = r"""
 import asyncio, json, random, sys, time, httpx
-url, rate, seconds, max_tokens = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+url, rate, seconds, max_tokens, model = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 rng = random.Random(7)
 
 async def one(client, i):
-    body = {"model": "demo", "prompt": f"{i}: Beautiful is better than", "max_tokens": max_tokens,
+    body = {"model": model, "prompt": f"{i}: Beautiful is better than", "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True}
     start, times, outcome = time.time(), [], "ok"
     try:
@@ -81,7 +85,11 @@ def seconds() -> float:
 
 def _service(kind_cluster, mode: str) -> dict:
     fast, slow = fleet.CPU_POOL, f"{fleet.CPU_POOL}-{kind_cluster.env['WORKER_CLASS']}"
-    service = fleet._service(SERVICE, ["cpu"], 2)
+    service = fleet._service(
+        SERVICE, ["cpu"], 2, engine={"maxContextLength": 512, "maxBatchSize": 4, "dtype": "float32"}
+    )
+    service["spec"]["model"] = {"name": MODEL, "uri": f"pvc://models/{MODEL}"}
+    service["spec"]["resources"] = {"cpu": "250m", "memory": "2560Mi"}  # the Q4_1 file dequantized: 2 GiB at its peak
     service["spec"]["pools"] = [{"name": fast, "replicas": 1}, {"name": slow, "replicas": 1}]
     service["spec"]["placement"]["tolerations"] = [
         {"key": "inferfleet.dev/node-class", "operator": "Exists", "effect": "NoSchedule"}
@@ -112,7 +120,7 @@ def _run_load(kind_cluster, namespace: str, rate: float, seconds: float, name: s
     pod = fleet._client_pod(name, kind_cluster.runtime_image, int(seconds))
     container = pod["spec"]["containers"][0]
     container["command"] = ["python", "-c", LOAD]
-    container["args"] = [f"http://{SERVICE}:8000/v1/completions", f"{rate:.4f}", str(seconds), str(MAX_TOKENS)]
+    container["args"] = [f"http://{SERVICE}:8000/v1/completions", f"{rate:.4f}", str(seconds), str(MAX_TOKENS), MODEL]
     kind_cluster.apply(pod, namespace=namespace)
     wait_for(
         lambda: (
@@ -152,8 +160,18 @@ def _summary(records: list[dict], shares: dict[str, float]) -> dict:
     }
 
 
+def _fetch_model(kind_cluster) -> None:
+    folder = kind_cluster.models_dir / MODEL
+    if not folder.exists():
+        command = [sys.executable, "-m", "inferfleet_runtime.cli", "demo-model", "--real", "--out", str(folder)]
+        subprocess.run(command, check=True)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the pods run as uid 1000
+
+
 def test_routing_bench(kind_cluster, serve_ns, seconds):
     namespace = serve_ns
+    _fetch_model(kind_cluster)
     results: dict = {"capacity_tokens_per_s": None, "pools": {}, "runs": []}
     kind_cluster.apply(_service(kind_cluster, "Router"), namespace=namespace)
     try:

@@ -22,7 +22,7 @@ state=${INFERFLEET_KIND_STATE:-$root/e2e/.state-kind$role_suffix}
 
 # The test tier's worker node: the node class that makes it a pool of its own, and the host cores it may use.
 WORKER_CLASS=${INFERFLEET_KIND_WORKER_CLASS:-small}
-WORKER_CPUS=${INFERFLEET_KIND_WORKER_CPUS:-0.5}
+WORKER_CPUS=${INFERFLEET_KIND_WORKER_CPUS:-0.25}
 
 log() { echo "[kind] $*" >&2; }
 
