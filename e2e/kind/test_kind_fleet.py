@@ -332,6 +332,14 @@ def test_the_service_endpoint_is_its_router_which_sends_nothing_to_pods_whose_me
         assert all(v == 0 for (pool, _), v in ready.items() if pool != CPU_POOL)
         status = kind_cluster.get("infsvc", "mixed", serve_ns)["status"]["routing"]
         assert (status["mode"], status["router"]) == ("Router", "mixed-router")
+
+        def cpu_profile() -> str:
+            pools = (kind_cluster.get("infsvc", "mixed", serve_ns).get("status") or {}).get("pools") or []
+            return next((p.get("profile") or "" for p in pools if p["name"] == CPU_POOL), "")
+
+        line = wait_for(cpu_profile, timeout=60, interval=2, message="the CPU pool's measured profile in status")
+        print(f"status.pools[{CPU_POOL}].profile: {line}")
+        assert line.startswith("decode ") and "measured by pod mixed-cpu-amd64-" in line
     finally:
         kind_cluster.kubectl("delete", "infsvc", "mixed", "-n", serve_ns, "--wait=true", "--timeout=120s", timeout=150)
 

@@ -72,6 +72,7 @@ class PoolStatus(Model):
     )
     excluded_node_count: Count = field(None, "Nodes of the pool left out, all counted.")
     ready_replicas: Count = field(None, "Ready replicas of the pool's Deployment.")
+    profile: Text = field(None, "The rates the service's router routes this pool by, as one of its pods measured them.")
 
 
 class ExcludedPool(Model):

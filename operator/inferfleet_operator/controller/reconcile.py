@@ -22,7 +22,7 @@ from inferfleet_operator.api.names import (
     SERVICE_KIND,
     UNREFERENCED_ANNOTATION,
 )
-from inferfleet_operator.controller import reconcile_autoscaling, reconcile_routing
+from inferfleet_operator.controller import reconcile_autoscaling, reconcile_profiles, reconcile_routing
 from inferfleet_operator.controller.cache import (
     BUILDS,
     CHILD_INDEXES,
@@ -65,6 +65,8 @@ class Context:
     scraper: Any = None
     scaling: dict = dataclasses.field(default_factory=dict)
     pool_served: tuple[float, bool] | None = None
+    # Routed services' pool profiles as their pods answered /profile: (namespace, service) -> pod -> line or None.
+    profiles: dict = dataclasses.field(default_factory=dict)
     # Under --peering: leadership.Leadership, asked before each reconcile (None: always active).
     leadership: Any = None
 
@@ -132,6 +134,10 @@ async def _read_service_inputs(ctx: Context, service: dict) -> planner.ServiceIn
         and (spec.routing.inference_pool != "Disabled" or bool(previous_pool))
         and await reconcile_routing.is_pool_served(ctx)
     )
+    pods = cache.values(SERVICE_PODS, (namespace, name)) if SERVICE_PODS in cache.indices else None
+    profiles = {}
+    if pods and spec.routing.mode == "Router" and ctx.plan_settings.router_image and ctx.scraper is not None:
+        profiles = await reconcile_profiles.read_profiles(ctx, namespace, name, pods)
     return planner.ServiceInputs(
         service=service,
         view=cache.cluster_view(),
@@ -145,7 +151,8 @@ async def _read_service_inputs(ctx: Context, service: dict) -> planner.ServiceIn
         is_pool_crd_served=is_served,
         refused=cache.refused.get((SERVICE_KIND, namespace, name), {}),
         claims=cache.claims(namespace),
-        pods=cache.values(SERVICE_PODS, (namespace, name)) if SERVICE_PODS in cache.indices else None,
+        pods=pods,
+        profiles=profiles,
     )
 
 

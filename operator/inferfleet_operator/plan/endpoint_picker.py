@@ -95,6 +95,43 @@ class PoolProfile:
         return _interpolate(self._decode_xs, self._decode_ys, batch)
 
 
+PROFILE_FIELDS = ("prefill", "decode", "max_batch", "kv_capacity_tokens", "block_size", "has_prefix_cache")
+
+
+def profile_from_json(value) -> PoolProfile:
+    """A PoolProfile from its JSON value, every field required and checked (a profile file's entry, or what a pod
+    serves at /profile: untrusted); ValueError naming the field."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected an object with {', '.join(PROFILE_FIELDS)}")
+    missing = [name for name in PROFILE_FIELDS if name not in value]
+    unknown = sorted(set(value) - set(PROFILE_FIELDS))
+    if missing or unknown:
+        raise ValueError(f"missing {missing}, unknown {unknown}")
+    for name in ("prefill", "decode"):
+        points = value[name]
+        if not isinstance(points, list) or not all(_is_json_point(p) for p in points):
+            raise ValueError(f"{name} must be a list of [x, tokens per second] pairs of numbers")
+    for name in ("max_batch", "kv_capacity_tokens", "block_size"):
+        if type(value[name]) is not int:
+            raise ValueError(f"{name} must be an integer")
+    if type(value["has_prefix_cache"]) is not bool:
+        raise ValueError("has_prefix_cache must be true or false")
+    return PoolProfile(
+        tuple(tuple(p) for p in value["prefill"]),
+        tuple(tuple(p) for p in value["decode"]),
+        value["max_batch"],
+        value["kv_capacity_tokens"],
+        value["block_size"],
+        value["has_prefix_cache"],
+    )
+
+
+def _is_json_point(point) -> bool:
+    return (
+        isinstance(point, list) and len(point) == 2 and all(type(x) in (int, float) and math.isfinite(x) for x in point)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointMetrics:
     """One scrape of a serving pod. Values are clamped on construction: negative to 0, huge to a bound, NaN to the

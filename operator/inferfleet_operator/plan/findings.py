@@ -74,6 +74,7 @@ def pod_view(pod: Mapping) -> dict:
         "metadata": keep_meta,
         "status": {
             "phase": status.get("phase"),
+            "podIP": status.get("podIP"),  # where the router's pool profile is read (reconcile_profiles)
             "conditions": [
                 {k: cond.get(k) for k in ("type", "status", "reason", "message")}
                 for cond in status.get("conditions") or []

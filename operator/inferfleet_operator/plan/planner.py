@@ -42,6 +42,7 @@ class ServiceInputs:
     refused: (kind, name, pool) -> the API server's message, for writes it refused in earlier reconciles.
     claims: the namespace's PersistentVolumeClaim names (None: not watched, nothing is known).
     pods: the service's serving pods (findings.pod_view; None: not watched).
+    profiles: pool -> the profile its pods measured, as one line (controller.reconcile_profiles; routed services).
     """
 
     service: dict
@@ -57,6 +58,7 @@ class ServiceInputs:
     refused: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
     claims: frozenset[str] | None = None
     pods: Sequence[dict] | None = None
+    profiles: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,9 @@ def plan_reconcile(inputs: ServiceInputs) -> ServicePlan:
     routing = plan_routing(
         service, pools.serving, inputs.is_pool_crd_served, inputs.is_routing_allowed, inputs.settings, previous_pool
     )
+    for entry in pools.entries:
+        if entry["name"] in inputs.profiles:
+            entry["profile"] = inputs.profiles[entry["name"]]
     endpoint = m.endpoint_for(service, inputs.settings)
     num_unplaced = distribution.num_unplaced if not_allowed is None else 0
     status = build_status(service, pools.entries, excluded, num_unplaced, endpoint, inputs.now, not_allowed)

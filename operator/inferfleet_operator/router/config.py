@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from inferfleet_operator.plan.endpoint_picker import PoolProfile
+from inferfleet_operator.plan.endpoint_picker import PoolProfile, profile_from_json
 from inferfleet_runtime.server.auth import ENV_VAR, ApiKeyError, ApiKeys
 
 FAIL_OPEN = "FailOpen"  # the picker raised: any ready endpoint serves the request
@@ -31,7 +30,6 @@ DEFAULT_PROFILE = PoolProfile(
     block_size=16,
     has_prefix_cache=False,
 )
-_PROFILE_FIELDS = tuple(f.name for f in fields(PoolProfile) if f.init)
 
 
 class ConfigError(ValueError):
@@ -110,39 +108,10 @@ def parse_profiles(text: str, source: str) -> dict[str, PoolProfile]:
 
 def parse_profile(pool: str, value, source: str) -> PoolProfile:
     """One pool's profile from its JSON value (a profile file's entry, or a pod's /profile answer)."""
-    where = f"{source}: pool {pool!r}"
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected an object with {', '.join(_PROFILE_FIELDS)}")
-    missing = [name for name in _PROFILE_FIELDS if name not in value]
-    unknown = sorted(set(value) - set(_PROFILE_FIELDS))
-    if missing or unknown:
-        raise ConfigError(f"{where}: missing {missing}, unknown {unknown}")
-    for name in ("prefill", "decode"):
-        points = value[name]
-        if not isinstance(points, list) or not all(_is_point(p) for p in points):
-            raise ConfigError(f"{where}: {name} must be a list of [x, tokens per second] pairs of numbers")
-    for name in ("max_batch", "kv_capacity_tokens", "block_size"):
-        if type(value[name]) is not int:
-            raise ConfigError(f"{where}: {name} must be an integer")
-    if type(value["has_prefix_cache"]) is not bool:
-        raise ConfigError(f"{where}: has_prefix_cache must be true or false")
     try:
-        return PoolProfile(
-            tuple(tuple(p) for p in value["prefill"]),
-            tuple(tuple(p) for p in value["decode"]),
-            value["max_batch"],
-            value["kv_capacity_tokens"],
-            value["block_size"],
-            value["has_prefix_cache"],
-        )
+        return profile_from_json(value)
     except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _is_point(point) -> bool:
-    return (
-        isinstance(point, list) and len(point) == 2 and all(type(x) in (int, float) and math.isfinite(x) for x in point)
-    )
+        raise ConfigError(f"{source}: pool {pool!r}: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
