@@ -4,6 +4,7 @@ matching kubectl and helm against it."""
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import subprocess
@@ -77,6 +78,16 @@ def node_manifests(fixture: str) -> list[dict]:
     """The Node objects of one fixture file, e.g. node_manifests("extra/nvidia-l40s")."""
     path = NODES_DIR / f"{fixture}.yaml"
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def own_node(fixture: str, name: str, label: str) -> dict:
+    """A fixture's first Node renamed, labelled inferfleet.dev/e2e-test=label (for a service's nodeSelector) and out of
+    the shared fleet: a node of one test's own."""
+    node = copy.deepcopy(node_manifests(fixture)[0])
+    node["metadata"]["name"] = name
+    node["metadata"]["labels"].update({"kubernetes.io/hostname": name, "inferfleet.dev/e2e-test": label})
+    node["metadata"]["labels"].pop("inferfleet.dev/e2e-fleet", None)
+    return node
 
 
 def _manifest_text(manifest: str | Path | dict | Iterable[dict]) -> tuple[list[str], str | None]:

@@ -4,11 +4,10 @@ pools joining change the router's flags; a resync writes nothing; mode Service r
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
-from helpers import node_manifests, wait_for
+from helpers import own_node, wait_for
 from operator_process import FAST_FLAGS, OperatorProcess, install, service_manifest, serving
 
 pytestmark = pytest.mark.e2e
@@ -26,14 +25,6 @@ def operator(cluster, tmp_path_factory):
         yield process
 
 
-def _node(fixture: str, name: str, label: str) -> dict:
-    node = copy.deepcopy(node_manifests(fixture)[0])
-    node["metadata"]["name"] = name
-    node["metadata"]["labels"].update({"kubernetes.io/hostname": name, "inferfleet.dev/e2e-test": label})
-    node["metadata"]["labels"].pop("inferfleet.dev/e2e-fleet", None)
-    return node
-
-
 def _pool_addresses(cluster, ns: str) -> list[str]:
     router = cluster.get("deployment", "routed-router", ns)
     if router is None:
@@ -44,7 +35,10 @@ def _pool_addresses(cluster, ns: str) -> list[str]:
 
 def test_the_router_is_applied_follows_pools_rests_on_resyncs_and_goes_with_mode_service(cluster, ns, operator):
     label = "router-" + ns[-12:].strip("-")
-    first, second = _node("extra/nvidia-l40s", f"{label}-l40s", label), _node("amd-mi300x", f"{label}-mi300x", label)
+    first, second = (
+        own_node("extra/nvidia-l40s", f"{label}-l40s", label),
+        own_node("amd-mi300x", f"{label}-mi300x", label),
+    )
     try:
         cluster.apply(first)
         placement = {"nodeSelector": {"inferfleet.dev/e2e-test": label}}

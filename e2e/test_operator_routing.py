@@ -4,12 +4,11 @@ repaired after an edit, and deleted with its service."""
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 
 import pytest
-from helpers import node_manifests, wait_for
+from helpers import own_node, wait_for
 from operator_process import (
     FAST_FLAGS,
     ROOT,
@@ -60,14 +59,6 @@ def operator(cluster, tmp_path_factory):
         cluster.kubectl("delete", "clusterrolebinding,clusterrole", ROLE, "--ignore-not-found")
 
 
-def _node(fixture: str, name: str, label: str) -> dict:
-    node = copy.deepcopy(node_manifests(fixture)[0])
-    node["metadata"]["name"] = name
-    node["metadata"]["labels"].update({"kubernetes.io/hostname": name, "inferfleet.dev/e2e-test": label})
-    node["metadata"]["labels"].pop("inferfleet.dev/e2e-fleet", None)
-    return node
-
-
 def _routing(cluster, ns, name) -> dict:
     return ((cluster.get("inferenceservice", name, ns) or {}).get("status") or {}).get("routing") or {}
 
@@ -78,7 +69,10 @@ def _matches(selector: dict, labels: dict) -> bool:
 
 def test_inference_pool_appears_with_the_crd_follows_pools_is_repaired_and_goes_with_the_service(cluster, ns, operator):
     label = ns[-20:].strip("-")
-    first, second = _node("extra/nvidia-l40s", f"{label}-l40s", label), _node("amd-mi300x", f"{label}-mi300x", label)
+    first, second = (
+        own_node("extra/nvidia-l40s", f"{label}-l40s", label),
+        own_node("amd-mi300x", f"{label}-mi300x", label),
+    )
     try:
         cluster.apply(first)
         picker = {"name": "routed-epp", "port": 9002}
