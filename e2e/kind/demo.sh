@@ -88,5 +88,5 @@ trap 'kill $forward 2>/dev/null || true' EXIT
 "$venv/bin/python" "$root/docs/examples/openai_client.py" --base-url http://127.0.0.1:18765/v1 --wait 60 --max-tokens 32
 echo "The router's view (its /metrics): each pool's decode rate and where it comes from, the requests it routed"
 "$venv/bin/python" -c "import urllib.request as u; page = u.urlopen('http://127.0.0.1:18765/metrics').read().decode()
-print(''.join(line for line in page.splitlines(True) if line.startswith(('inferfleet_router_pool_decode', 'inferfleet_router_routed'))), end='')"
+print(''.join(line for line in page.splitlines(True) if line.startswith(('inferfleet_router_pool_decode', 'inferfleet_router_routed_requests_total'))), end='')"
 step "Done; export KUBECONFIG=$KUBECONFIG (e2e/kind/down.sh deletes the cluster)"
