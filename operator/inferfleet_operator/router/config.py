@@ -66,6 +66,11 @@ class RouterConfig:
     connect_timeout_s: float = 3.0
     read_timeout_s: float = 600.0  # the longest an upstream may stay silent (a long non-streamed answer)
     resolve_interval_s: float = 2.0  # how often pool addresses are resolved again
+    # An address a pool's name stopped resolving to stays an endpoint this long: a removed pod still serves through
+    # its preStop wait (10 s), while its replacement is being found and scraped; the scrape keeps checking it.
+    keep_gone_s: float = 8.0
+    # A request that finds no endpoint ready waits this long for one (a pool's only pod being replaced) before 503.
+    endpoint_wait_s: float = 3.0
 
 
 def parse_endpoint(value: str) -> EndpointSpec:
@@ -135,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="every address HOST resolves to (a headless Service: its ready pods) is a pod of POOL (repeatable)",
     )
     parser.add_argument("--resolve-interval", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument(
+        "--keep-gone",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="an address that stopped resolving stays this long",
+    )
+    parser.add_argument(
+        "--endpoint-wait",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="a request that finds no endpoint ready waits this long for one before 503",
+    )
     parser.add_argument("--profile-file", metavar="PATH", help="JSON: pool name -> PoolProfile fields")
     parser.add_argument("--api-key", action="append", default=[], metavar="KEY", help="key clients must send")
     parser.add_argument("--api-key-file", action="append", default=[], metavar="PATH", help="keys, one a line")
@@ -191,6 +210,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     for name in ("scrape_interval", "scrape_timeout", "connect_timeout", "read_timeout", "resolve_interval"):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    for name in ("keep_gone", "endpoint_wait"):
+        if not 0 <= getattr(args, name) <= 600:
+            raise ConfigError(f"--{name.replace('_', '-')} must be between 0 and 600 seconds")
     return RouterConfig(
         endpoints=endpoints,
         pool_addresses=pool_addresses,
@@ -205,6 +227,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         connect_timeout_s=args.connect_timeout,
         read_timeout_s=args.read_timeout,
         resolve_interval_s=args.resolve_interval,
+        keep_gone_s=args.keep_gone,
+        endpoint_wait_s=args.endpoint_wait,
     )
 
 

@@ -48,8 +48,9 @@ async def resolve(host: str, port: int) -> list[str]:
 
 class DnsEndpointSource:
     """The static endpoints and, per pool address, one endpoint per address its host resolves to, resolved again
-    once resolve_interval_s has passed. A name with no record means the pool has no ready pod (its endpoints are
-    dropped); any other resolver failure keeps the pool's last answer (the scraper still checks each pod)."""
+    once resolve_interval_s has passed. A name with no record means the pool has no ready pod; any other resolver
+    failure keeps the pool's last answer (the scraper still checks each pod). An address no longer in the answer
+    stays keep_gone_s: a pod being replaced still serves through its preStop wait while its successor is found."""
 
     def __init__(
         self,
@@ -58,10 +59,11 @@ class DnsEndpointSource:
         interval_s: float,
         resolver: Resolver = resolve,
         clock: Callable[[], float] = time.monotonic,
+        keep_gone_s: float = 0.0,
     ) -> None:
         self.static, self.addresses, self.interval_s = tuple(static), tuple(addresses), interval_s
-        self._resolver, self._clock = resolver, clock
-        self._found: dict[str, tuple[EndpointSpec, ...]] = {}
+        self._resolver, self._clock, self._keep_gone_s = resolver, clock, keep_gone_s
+        self._seen: dict[str, dict[EndpointSpec, float]] = {}  # pool -> endpoint -> when its name last gave it
         self._resolved_at: float | None = None
 
     async def endpoints(self) -> Sequence[EndpointSpec]:
@@ -70,9 +72,13 @@ class DnsEndpointSource:
             self._resolved_at = now
             answers = await asyncio.gather(*(self._resolve(a) for a in self.addresses))
             for address, found in zip(self.addresses, answers):
-                if found is not None:
-                    self._found[address.pool] = found
-        return self.static + tuple(spec for a in self.addresses for spec in self._found.get(a.pool, ()))
+                if found is None:  # the resolver failed: the last answer stands
+                    continue
+                seen = self._seen.setdefault(address.pool, {})
+                seen.update(dict.fromkeys(found, now))
+                for spec in [s for s, at in seen.items() if now - at > self._keep_gone_s]:
+                    del seen[spec]
+        return self.static + tuple(spec for a in self.addresses for spec in self._seen.get(a.pool, {}))
 
     async def _resolve(self, address: PoolAddress) -> tuple[EndpointSpec, ...] | None:
         """The pool's endpoints now; None when the resolver failed without saying there is no record."""
@@ -102,7 +108,9 @@ class DnsEndpointSource:
 def source_for(config: RouterConfig) -> EndpointSource:
     if not config.pool_addresses:
         return StaticEndpointSource(config.endpoints)
-    return DnsEndpointSource(config.endpoints, config.pool_addresses, config.resolve_interval_s)
+    return DnsEndpointSource(
+        config.endpoints, config.pool_addresses, config.resolve_interval_s, keep_gone_s=config.keep_gone_s
+    )
 
 
 @dataclass

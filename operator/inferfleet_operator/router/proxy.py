@@ -3,6 +3,7 @@ has reached the client, and relayed back; a stream that breaks after that ends w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ RETRY_STATUSES = frozenset({429, 503})  # the pod did not admit the request (que
 COPIED_HEADERS = ("Content-Type", "Retry-After", "X-Request-Id")
 # What ends an attempt on the upstream side (a write to a departed client raises a ClientError too: kept apart).
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, ValueError)
+
+ENDPOINT_POLL_S = 0.05  # how often a request waiting for an endpoint looks again
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,9 @@ class Router:
     async def forward(self, request: web.Request, routed: RoutedRequest) -> web.StreamResponse:
         tried: set[str] = set()
         last_error = ""
+        waited_until = time.monotonic() + self.config.endpoint_wait_s
+        while not self.table.pickable() and time.monotonic() < waited_until:  # a pool's only pod being replaced
+            await asyncio.sleep(ENDPOINT_POLL_S)
         for attempt in range(self.config.max_attempts):
             try:
                 endpoint, flight = self.choose(routed.pick, tried)

@@ -227,11 +227,13 @@ def test_routing_and_autoscaling_status_round_trip_unpruned(kubectl):
         "scaleDownStabilizationSeconds": 300,
     }
     assert stored["spec"]["routing"] == {
+        "mode": "Router",
+        "router": {"replicas": 1, "cpu": "100m", "memory": "512Mi"},
         "inferencePool": "Auto",
         "endpointPicker": {"name": "epp", "port": 9002, "kind": "Service", "group": "", "failureMode": "FailClose"},
     }
     status = {
-        "routing": {"inferencePool": "scaled", "apiVersion": "inference.networking.k8s.io/v1", "reason": "InferencePoolApplied", "message": "m",
+        "routing": {"mode": "Router", "router": "scaled-router", "routerMessage": "r", "inferencePool": "scaled", "apiVersion": "inference.networking.k8s.io/v1", "reason": "InferencePoolApplied", "message": "m",
                     "pools": ["cpu-amd64", "nvidia-h100"]},
         "autoscaling": {"lastScaleTime": "2026-12-03T12:00:00Z",
                         "pools": [{"name": "cpu-amd64", "currentReplicas": 1, "desiredReplicas": 3, "metric": "inferfleet:num_requests_waiting",

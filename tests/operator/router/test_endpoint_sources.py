@@ -88,3 +88,21 @@ def test_a_hostile_answer_gives_only_addresses_and_at_most_the_bound():
 
 def test_the_real_resolver_finds_the_loopback_name():
     assert "127.0.0.1" in asyncio.run(resolve("localhost", 8000))
+
+
+def test_an_address_that_stops_resolving_stays_a_while_for_its_pod_to_drain():
+    resolver = Resolver({"fast.ns.svc": ["10.1.0.5"], "slow.ns.svc": []})
+    clock = [0.0]
+    dns = DnsEndpointSource(STATIC, ADDRESSES, 2.0, resolver, lambda: clock[0], keep_gone_s=8.0)
+
+    async def at(t: float, fast: list[str]):
+        clock[0], resolver.answers["fast.ns.svc"] = t, fast
+        return [url for url, pool in urls(await dns.endpoints()) if pool == "fast"]
+
+    async def rounds():
+        assert await at(0.0, ["10.1.0.5"]) == ["http://10.1.0.5:8000"]
+        # Replaced: the old pod left the name's answer, the new one joined; both are endpoints for a while.
+        assert await at(3.0, ["10.1.0.6"]) == ["http://10.1.0.5:8000", "http://10.1.0.6:8000"]
+        assert await at(11.0, ["10.1.0.6"]) == ["http://10.1.0.6:8000"]  # over 8 s since the old was last given
+
+    asyncio.run(rounds())
