@@ -80,12 +80,13 @@ if [ "${#workers[@]}" -gt 0 ]; then
   # kind taints the control plane when a cluster has workers; here it runs the workloads as in a one-node cluster.
   "${kubectl[@]}" taint node "$node" node-role.kubernetes.io/control-plane:NoSchedule- >/dev/null 2>&1 || true
   for worker in "${workers[@]}"; do
-    docker update --cpus "$WORKER_CPUS" "$worker" >/dev/null
     "${kubectl[@]}" label node "$worker" "inferfleet.dev/node-class=$WORKER_CLASS" --overwrite >/dev/null
     "${kubectl[@]}" taint node "$worker" "inferfleet.dev/node-class=$WORKER_CLASS:NoSchedule" --overwrite >/dev/null
   done
 fi
 
+# A worker gets its few cores only once its images are in: unpacking gigabytes on a quarter of a core takes long.
+for worker in "${workers[@]}"; do docker update --cpus "$(nproc)" "$worker" >/dev/null; done
 step "Loading images into the node (skipped for those it already has)"
 kwok_bin="$cp_bin/kwok"
 kwok_image="inferfleet/kwok:$KWOK_VERSION"
@@ -121,6 +122,7 @@ for image in "$operator_image" "$kwok_image" "$runtime_image"; do
   log "  $image: loaded into ${#missing[@]} node(s) in $(( $(date +%s) - t )) s"
 done
 
+for worker in "${workers[@]}"; do docker update --cpus "$WORKER_CPUS" "$worker" >/dev/null; done
 step "KWOK controller and the simulated GPU nodes"
 kwok_mod=$(GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
 stages="$kwok_mod/kustomize/stage"
