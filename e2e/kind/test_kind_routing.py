@@ -95,7 +95,7 @@ def test_a_faster_pool_gets_more_of_the_requests_by_its_measured_speed(kind_clus
             f"{NUM_REQUESTS} requests x {MAX_TOKENS} tokens at concurrency {CONCURRENCY} in {elapsed:.1f} s "
             f"({NUM_REQUESTS * MAX_TOKENS / elapsed:.0f} output tokens/s)"
         )
-        assert fast_rate > 1.5 * slow_rate, "the worker node's fewer cores should make its pool measurably slower"
+        assert fast_rate > 1.25 * slow_rate, "the worker node's fewer cores should make its pool measurably slower"
         assert total >= NUM_REQUESTS
         assert share > 0.6, "the faster pool should get most of the requests"
     finally:
