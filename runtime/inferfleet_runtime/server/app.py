@@ -22,6 +22,7 @@ from inferfleet_runtime.engine.async_engine import AsyncEngine, EngineDeadError,
 from inferfleet_runtime.engine.llm_engine import CompletionOutput, ContextLengthError, RequestOutput
 from inferfleet_runtime.engine.metrics import ServerMetrics
 from inferfleet_runtime.server.auth import ApiKeys
+from inferfleet_runtime.server.errors import APIError
 from inferfleet_runtime.server.formats import ChatFormat, CompletionFormat, usage
 from inferfleet_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -35,21 +36,6 @@ MAX_BODY_BYTES = 8 << 20  # default request body limit (a 128k-token prompt as i
 # (logprobs=20) is 90 million, 86x over. Still allowed: n=16 over a 32k context, logprobs=20 over 47k tokens.
 MAX_REQUEST_OUTPUT_TOKENS = 1 << 20
 OPEN_PATHS = frozenset({"/health", "/ready"})  # the kubelet's probes: never behind a key
-
-
-class APIError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers
 
 
 @dataclass
@@ -242,8 +228,7 @@ def _load_engine(state: ServerState, load: Callable[[], AsyncEngine]) -> None:
 
 
 def _error_response(exc: APIError) -> JSONResponse:
-    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
-    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def _serving_engine(state: ServerState, model: str) -> AsyncEngine:
