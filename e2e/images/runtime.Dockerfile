@@ -7,10 +7,10 @@
 #     --transform s/ca-certificates.crt/build-ca.crt/ ca-certificates.crt | \
 #     docker build -f e2e/images/runtime.Dockerfile -t inferfleet/runtime-cpu:dev -
 # Flavours (build args):
-#   CPU (default): torch from PyPI. PyPI's Linux wheels carry the CUDA libraries, which torch
-#     loads even on CPU; with a reachable https://download.pytorch.org/whl/cpu pass it as
-#     TORCH_INDEX_URL for an image about 4 GB smaller.
-#   CUDA: the default build already is one (PyPI torch is the CUDA build); run it with the NVIDIA
+#   CPU (CPU_ONLY=1, as images.sh builds it): torch from PyPI. PyPI's Linux wheels carry the CUDA libraries,
+#     some of which torch loads even on CPU (the rest leave the image); with a reachable
+#     https://download.pytorch.org/whl/cpu pass it as TORCH_INDEX_URL for an image about 4 GB smaller.
+#   CUDA: the default build (no CPU_ONLY) already is one (PyPI torch is the CUDA build); run it with the NVIDIA
 #     container toolkit. Tag it inferfleet/runtime-cuda.
 #   ROCm: TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm<version> (the ROCm build of torch
 #     and its Triton); run with /dev/kfd and /dev/dri. Tag it inferfleet/runtime-rocm.
@@ -32,6 +32,18 @@ COPY requirements-runtime.txt /tmp/requirements.txt
 RUN if [ -s /tmp/build-ca.crt ]; then export PIP_CERT=/tmp/build-ca.crt; fi \
  && if [ -n "$TORCH_INDEX_URL" ]; then pip install -q --index-url "$TORCH_INDEX_URL" torch; fi \
  && pip install -q -r /tmp/requirements.txt
+# CPU_ONLY=1 (what images.sh builds): the GPU libraries that torch never opens on a CPU leave the image, about
+# 1.2 GB of its 6.4 (cuDNN's engine libraries, which libcudnn opens on first use on a GPU, NVSHMEM's device code
+# and transports, cuSOLVER's multi-GPU library, profiler libraries, headers and static archives). torch still
+# imports and runs, which the last line checks; the libraries torch links against stay.
+ARG CPU_ONLY=""
+RUN if [ -n "$CPU_ONLY" ]; then \
+      cd /opt/inferfleet/lib/python3*/site-packages/nvidia \
+      && rm -rf cudnn/lib/libcudnn_*.so.9 nvshmem/lib/*.bc nvshmem/lib/*.a nvshmem/lib/nvshmem_bootstrap_* \
+           nvshmem/lib/nvshmem_transport_* cu13/lib/libcusolverMg.so.* cu13/lib/libnvperf_* cu13/lib/*.a \
+           cu13/lib/libnvblas.so.* */include \
+      && python3 -c 'import torch, triton; x = torch.randn(8, 8); assert torch.allclose(x @ torch.eye(8), x)'; \
+    fi
 
 # The project itself as a wheel: in the final image it is a small layer of its own above the
 # dependencies' layer, which stays the same (and is loaded into clusters once) across source changes.

@@ -48,11 +48,11 @@ build() {
     began=$(date +%s)
     (cd "$root" && tar -c --exclude=__pycache__ --exclude='*.pyc' "${inputs[@]}" -C "$ca_dir" README.md build-ca.crt "requirements-$kind.txt") |
       DOCKER_BUILDKIT=0 docker build -q -f "e2e/images/$kind.Dockerfile" --build-arg "BASE_IMAGE=$base" \
-        --build-arg "TORCH_INDEX_URL=${INFERFLEET_TORCH_INDEX_URL:-}" \
+        --build-arg "TORCH_INDEX_URL=${INFERFLEET_TORCH_INDEX_URL:-}" --build-arg CPU_ONLY=1 \
         --label "dev.inferfleet.inputs=$hash" -t "$tag" - >&2
     log "Built $tag in $(( $(date +%s) - began )) s ($(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1 / 1e9}'))"
     # Earlier builds of this image (other input hashes) are left behind by every change: a runtime image is
-    # 6.4 GB, so they are removed (a kind node keeps its own copy of what it loaded; a tag still in use stays).
+    # 5.2 GB, so they are removed (a kind node keeps its own copy of what it loaded; a tag still in use stays).
     docker images "$repo" --format '{{.Tag}}' | while read -r old; do
       if [ "$old" != "$hash" ] && [ "$old" != "$app_version" ] && docker rmi "$repo:$old" >/dev/null 2>&1; then
         log "Removed the earlier build $repo:$old"

@@ -63,3 +63,16 @@ delete_stopped_clusters() {
     "$kind_bin" delete cluster --name "$name" >/dev/null 2>&1 && log "Deleted kind cluster $name (its node was not running)"
   done
 }
+
+# Loads a local image into one kind node's containerd, streamed (no copy of it on the host's disk, where
+# `kind load` writes one), and drops the imported layer blobs once containerd has unpacked them (what containerd
+# calls discarding unpacked layers): the node then holds the image once, as its snapshots, instead of twice. Each
+# layer blob's digest is the layer's diff ID, since `docker save` writes the layers uncompressed.
+load_image() {
+  local image=$1 node=$2 layers
+  docker save "$image" | docker exec -i "$node" ctr -n k8s.io images import --digests --snapshotter=overlayfs - >/dev/null
+  docker exec "$node" crictl inspecti -q "docker.io/$image" >/dev/null
+  mapfile -t layers < <(docker image inspect -f '{{range .RootFS.Layers}}{{println .}}{{end}}' "$image" | sed '/^$/d')
+  # A layer another image on the node shares may already be gone: each is removed on its own.
+  for layer in "${layers[@]}"; do docker exec "$node" ctr -n k8s.io content rm "$layer" >/dev/null 2>&1 || true; done
+}

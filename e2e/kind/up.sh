@@ -116,9 +116,10 @@ for image in "$operator_image" "$kwok_image" "$runtime_image"; do
     done
   done
   t=$(date +%s)
-  nodes_csv=$(IFS=,; echo "${missing[*]}")
-  "${kind[@]}" load docker-image --name "$cluster" --nodes "$nodes_csv" "$image" >/dev/null 2>"$state/load.err" ||
-    { log "  $image: kind load failed (free disk: $(df -h --output=avail "$state" | tail -1)): $(tail -3 "$state/load.err")"; exit 1; }
+  for each in "${missing[@]}"; do
+    load_image "$image" "$each" 2>"$state/load.err" ||
+      { log "  $image: loading into $each failed (free disk: $(df -h --output=avail "$state" | tail -1)): $(tail -3 "$state/load.err")"; exit 1; }
+  done
   log "  $image: loaded into ${#missing[@]} node(s) in $(( $(date +%s) - t )) s"
 done
 
