@@ -15,6 +15,8 @@ from tqdm import tqdm
 
 from inferfleet_runtime.fetch.common import CREDENTIALS_HINT, FetchError, target_path, verify_sizes, wrong_sizes
 from inferfleet_runtime.fetch.content_digest import write_source
+from inferfleet_runtime.fetch.node_cache import CacheFullError, NodeCache
+from inferfleet_runtime.sizes import parse_size
 from inferfleet_runtime.termination import fail
 
 URI_FORMS = "file:///path/to/model, hf://org/name[@revision] or s3://bucket/prefix"
@@ -218,14 +220,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", required=True, type=Path, help="local directory to fill")
     parser.add_argument("--revision", help="hf:// only: branch, tag or commit (same as hf://org/name@REVISION)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
+    parser.add_argument(
+        "--node-cache",
+        type=Path,
+        metavar="DIR",
+        help="the node's model cache (fetch/node_cache.py): the model is fetched into it once per node and verified "
+        "by its content digest; --to becomes a link to the entry",
+    )
+    parser.add_argument(
+        "--node-cache-budget",
+        type=parse_size,
+        metavar="SIZE",
+        help="with --node-cache: the cache's byte budget (e.g. 50GiB); entries no process uses are evicted, least "
+        "recently used first, and a model that cannot fit fails the fetch (exit 4)",
+    )
+
+
+CACHE_FULL_EXIT_CODE = 4  # the model does not fit the node cache's budget: the operator reports it, retrying waits
 
 
 def run(args: argparse.Namespace) -> int:
+    revision = getattr(args, "revision", None)
+    node_cache = getattr(args, "node_cache", None)
+    if getattr(args, "node_cache_budget", None) is not None and node_cache is None:
+        return fail("inferfleet-runtime fetch", "--node-cache-budget needs --node-cache", 2)
     try:
-        fetch(args.uri, args.to, show_progress=not args.no_progress, revision=getattr(args, "revision", None))
+        if node_cache is None:
+            fetch(args.uri, args.to, show_progress=not args.no_progress, revision=revision)
+            print(f"Fetched {args.uri} into {args.to}", file=sys.stderr)
+        else:
+            _fetch_through_cache(args, node_cache, revision)
     except BadURIError as exc:  # the error line is also the termination message the operator reports
         return fail("inferfleet-runtime fetch", str(exc), 2)
-    except FetchError as exc:
+    except CacheFullError as exc:
+        return fail("inferfleet-runtime fetch", str(exc), CACHE_FULL_EXIT_CODE)
+    except (FetchError, ValueError) as exc:
         return fail("inferfleet-runtime fetch", str(exc), 1)
-    print(f"Fetched {args.uri} into {args.to}", file=sys.stderr)
     return 0
+
+
+def _fetch_through_cache(args: argparse.Namespace, root: Path, revision: str | None) -> None:
+    """The model's verified node-cache entry (fetched only when the node has none), and --to a link to it."""
+    parse_uri(args.uri, revision)  # a bad URI fails before the cache is touched
+    cache = NodeCache(root, args.node_cache_budget)
+    resolved = cache.ensure(
+        args.uri,
+        revision,
+        lambda folder: fetch(args.uri, folder, show_progress=not args.no_progress, revision=revision),
+        wait_log=lambda line: print(line, file=sys.stderr),
+    )
+    if resolved.refused:
+        print(f"Refused a node-cache entry: {resolved.refused}", file=sys.stderr)
+    link_to(args.to, resolved.entry.path)
+    how = "fetched into" if resolved.fetched else "found in"
+    print(
+        f"{args.uri}: {how} the node cache as entry {resolved.entry.digest} ({resolved.entry.size} bytes); "
+        f"{args.to} links to it",
+        file=sys.stderr,
+    )
+
+
+def link_to(to: Path, entry: Path) -> None:
+    """Makes `to` a symlink to the entry: replaces an earlier link, or an empty folder (an init container's
+    mount point); anything else there is refused rather than deleted."""
+    if to.is_symlink():
+        to.unlink()
+    elif to.is_dir():
+        if any(to.iterdir()):
+            raise FetchError(f"{to} is a folder with files in it: --to must be empty or absent with --node-cache")
+        to.rmdir()
+    elif to.exists():
+        raise FetchError(f"{to} is a file: --to must be a folder's path with --node-cache")
+    to.parent.mkdir(parents=True, exist_ok=True)
+    to.symlink_to(entry.resolve(), target_is_directory=True)

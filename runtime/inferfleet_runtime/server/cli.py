@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 from pathlib import Path
 
 from inferfleet_runtime.engine.config import KERNEL_BACKENDS, QUANTIZATIONS, EngineConfig
+from inferfleet_runtime.fetch.node_cache import lease_for
+from inferfleet_runtime.sizes import parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-request-bytes",
-        type=_bytes,
+        type=parse_size,
         default=None,
         metavar="BYTES",
         help="larger request bodies are refused with 413 (default 8MiB)",
@@ -92,7 +95,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache blocks to allocate")
     kv.add_argument(
         "--kv-cache-memory",
-        type=_bytes,
+        type=parse_size,
         default=None,
         metavar="BYTES",
         help="KV cache budget, e.g. 2GiB or 500MB (default: 80%% of free GPU memory; 1GiB on CPU)",
@@ -195,18 +198,21 @@ def run(args: argparse.Namespace) -> int:
     limits = {"max_body_bytes": args.max_request_bytes} if args.max_request_bytes else {}
     if args.max_request_output_tokens:
         limits["max_request_output_tokens"] = args.max_request_output_tokens
-    serve(
-        make_runner,
-        config,
-        name,
-        args.host,
-        args.port,
-        args.log_level,
-        api_keys,
-        args.protect_metrics,
-        calibrate=args.calibrate,
-        **limits,
-    )
+    # A model in the node's cache stays there while this process serves it: the lease keeps eviction away.
+    lease = lease_for(Path(args.model)) if mode == "paged" else None
+    with lease or contextlib.nullcontext():
+        serve(
+            make_runner,
+            config,
+            name,
+            args.host,
+            args.port,
+            args.log_level,
+            api_keys,
+            args.protect_metrics,
+            calibrate=args.calibrate,
+            **limits,
+        )
     return 0
 
 
@@ -313,20 +319,6 @@ def _default_name(model_dir: Path) -> str:
     if resolved.name == SERVED_NAME or resolved.is_relative_to(cache_root().resolve()):
         return SERVED_NAME
     return model_dir.name
-
-
-def _bytes(text: str) -> int:
-    """A byte size ("2GiB", "500MB", "1048576"): the runtime's one size parser. The operator parses
-    Kubernetes quantities in inferfleet_operator/quantity.py; the runtime image does not ship the operator
-    package, so it cannot import that one, and the spellings differ (GiB here, Gi there)."""
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-    lowered = text.strip().lower()
-    number = lowered.rstrip("kmgib")
-    unit = lowered[len(number) :]
-    try:
-        return int(float(number) * units[unit])
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 2GiB, 500MB, 1048576)") from None
 
 
 def _positive_int(text: str) -> int:
