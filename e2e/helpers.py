@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -254,3 +255,31 @@ def cluster_is_up(kubeconfig: Path, bin_dir: Path) -> bool:
 def state_dir() -> Path:
     """Where up.sh keeps the cluster's state (INFERFLEET_CLUSTER_STATE overrides e2e/.state)."""
     return Path(os.environ.get("INFERFLEET_CLUSTER_STATE") or ROOT / "e2e" / ".state")
+
+
+def run_init_container(
+    cluster: Cluster, namespace: str, container: dict, mounts: dict[str, Path], endpoint: str
+) -> subprocess.CompletedProcess:
+    """Runs an init container the operator rendered (KWOK runs none) as a local process, as the kubelet would: its
+    command and args, its env and the keys of the Secrets its envFrom names (read from the API as admin), each of
+    its volume mounts' paths remapped to the folder `mounts` gives for it, HF_ENDPOINT set to `endpoint` (a pod
+    would reach huggingface.co)."""
+
+    def remap(value: str) -> str:
+        for mount, folder in mounts.items():
+            if value == mount or value.startswith(mount + "/"):
+                return str(folder) + value[len(mount) :]
+        return value
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "AWS_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update({item["name"]: remap(item["value"]) for item in container.get("env", [])})
+    for source in container.get("envFrom", []):
+        secret = cluster.get("secret", source["secretRef"]["name"], namespace) or {}
+        env.update({k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()})
+    env["HF_ENDPOINT"] = endpoint
+    for mount in container.get("volumeMounts", []):
+        assert mount["mountPath"] in mounts, f"no folder given for the mount {mount['mountPath']}"
+        Path(mounts[mount["mountPath"]]).mkdir(parents=True, exist_ok=True)
+    argv = container["command"] + [remap(a) for a in container["args"]] + ["--no-progress"]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=mounts["/tmp"])

@@ -8,14 +8,11 @@ kubelet would give them, against the stand-in Hub on loopback that refuses reque
 
 from __future__ import annotations
 
-import base64
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import Cluster, wait_for
+from helpers import Cluster, run_init_container, wait_for
 from operator_process import service_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime" / "support"))
@@ -27,25 +24,8 @@ REPO = "inferfleet/gated"
 TOKEN = "hf_e2e_gated_token"
 
 
-def _remap(value: str, root: Path) -> str:
-    for mount in ("/models", "/tmp"):
-        if value == mount or value.startswith(mount + "/"):
-            return str(root / mount.strip("/")) + value[len(mount) :]
-    return value
-
-
-def _run_init_container(cluster: Cluster, namespace: str, container: dict, root: Path, endpoint: str):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "AWS_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update({item["name"]: _remap(item["value"], root) for item in container.get("env", [])})
-    for source in container.get("envFrom", []):
-        secret = cluster.get("secret", source["secretRef"]["name"], namespace) or {}
-        env.update({k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()})
-    env["HF_ENDPOINT"] = endpoint  # a pod would reach huggingface.co
-    for mount in ("models", "tmp"):
-        (root / mount).mkdir(parents=True, exist_ok=True)
-    argv = container["command"] + [_remap(a, root) for a in container["args"]] + ["--no-progress"]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=root / "tmp")
+def _pod_folders(root: Path) -> dict[str, Path]:
+    return {"/models": root / "models", "/tmp": root / "tmp"}
 
 
 def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(cluster: Cluster, ns, tmp_path):
@@ -80,16 +60,16 @@ def test_gated_model_is_fetched_with_the_token_from_the_credentials_secret(clust
         [init] = deployment["spec"]["template"]["spec"]["initContainers"]
         assert init["envFrom"] == [{"secretRef": {"name": "hub-token"}}]
 
-        done = _run_init_container(cluster, ns, init, tmp_path / "pod", endpoint)
+        done = run_init_container(cluster, ns, init, _pod_folders(tmp_path / "pod"), endpoint)
         assert done.returncode == 0, done.stderr[-3000:]
         assert TOKEN not in done.stdout + done.stderr
-        to = Path(_remap(init["args"][init["args"].index("--to") + 1], tmp_path / "pod"))
+        to = tmp_path / "pod" / "models" / Path(init["args"][init["args"].index("--to") + 1]).relative_to("/models")
         fetched = {p.name: p.read_bytes() for p in to.iterdir() if p.is_file() and p.name != SOURCE_NAME}
         assert fetched == hub.files()
         assert read_commit(to) == COMMIT  # what a compile of these files is addressed by
 
         init_without = {**init, "envFrom": []}  # the same container without the Secret is refused
-        refused = _run_init_container(cluster, ns, init_without, tmp_path / "refused", endpoint)
+        refused = run_init_container(cluster, ns, init_without, _pod_folders(tmp_path / "refused"), endpoint)
         assert refused.returncode == 1 and "HF_TOKEN is not set" in refused.stderr
     finally:
         cluster.kubectl("delete", "inferenceservice", "gated", "-n", ns, "--timeout=30s", check=False)

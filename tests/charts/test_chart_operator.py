@@ -92,6 +92,19 @@ def test_no_host_path_root_is_allowed_by_default_and_listed_roots_reach_the_oper
     ]
 
 
+def test_the_node_model_cache_is_off_by_default_and_its_claim_and_budget_reach_the_operator(render, one):
+    from inferfleet_operator.controller.settings import parse_args
+
+    assert not [a for a in _container(render(), one)["args"] if a.startswith("--model-cache")]
+    args = _container(render({"modelCache": {"claimName": "model-cache", "budget": "200Gi"}}), one)["args"]
+    assert [a for a in args if a.startswith("--model-cache")] == [
+        "--model-cache-claim=model-cache",
+        "--model-cache-budget=200Gi",
+    ]
+    settings = parse_args([a for a in args if a.startswith("--model-cache")], default_instance="t").plan_settings()
+    assert settings.model_cache_claim == "model-cache" and settings.model_cache_budget_bytes == 200 * 2**30
+
+
 def test_engines_are_shared_across_namespaces_only_when_an_administrator_says_so(render, one):
     assert "--share-engines-across-namespaces" not in _container(render(), one)["args"]
     args = _container(render({"engineCache": {"shareAcrossNamespaces": True}}), one)["args"]

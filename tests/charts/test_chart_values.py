@@ -65,6 +65,8 @@ BAD_VALUES = [
     ({"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}}, "set minAvailable or maxUnavailable, not both"),
     ({"healthPort": 9090}, "healthPort and metricsPort must differ"),
     ({"routing": {"inferencePools": "yes"}}, "/routing/inferencePools"),
+    ({"modelCache": {"budget": "lots"}}, "/modelCache/budget"),
+    ({"modelCache": {"claimName": "Model Cache"}}, "/modelCache/claimName"),
 ]
 
 

@@ -109,6 +109,12 @@ CRDs they are left to the next upgrade (NOTES.txt says so).
 {{- range .Values.modelHostPaths.allowedRoots }}
 - {{ printf "--model-host-path-root=%s" . | quote }}
 {{- end }}
+{{- with .Values.modelCache.claimName }}
+- --model-cache-claim={{ . }}
+{{- end }}
+{{- with .Values.modelCache.budget }}
+- --model-cache-budget={{ . }}
+{{- end }}
 - --router-image={{ include "inferfleet.image" . }}
 {{- with .Values.image.pullPolicy }}
 - --router-image-pull-policy={{ . }}

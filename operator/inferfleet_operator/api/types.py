@@ -186,6 +186,12 @@ class PlanSettings:
     # it); "" = unknown: services are served through the plain Service and status.routing says why.
     router_image: str = ""
     router_image_pull_policy: str = ""  # "" = the cluster's default for the image's tag
+    # The node model cache (docs/user-guide/model-cache.md): the PersistentVolumeClaim, in each service's namespace,
+    # through which pods reach their node's cache folder; "" = off (each pod fetches its own copy). Models that
+    # are fetched (hf://, s3://) go through it: once per node, verified by content digest.
+    model_cache_claim: str = ""
+    model_cache_mount: str = "/model-cache"
+    model_cache_budget_bytes: int = 0  # the cache's byte budget on each node, enforced by each fetch; 0 = none
 
 
 DEFAULT_SETTINGS = PlanSettings()

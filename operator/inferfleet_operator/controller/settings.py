@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from inferfleet_operator.api.names import MANAGER
+from inferfleet_operator.api.quantity import to_int
 from inferfleet_operator.api.types import PlanSettings
 from inferfleet_operator.plan.host_paths import normalise
 
@@ -42,6 +43,9 @@ class OperatorConfig:
     # The image of the services' routers (the operator's own, chart value image); empty: no router is deployed.
     router_image: str = ""
     router_image_pull_policy: str = ""
+    # The node model cache's claim in each namespace (chart value modelCache.claimName) and byte budget; "": off.
+    model_cache_claim: str = ""
+    model_cache_budget: str = ""
 
     @property
     def is_clusterwide(self) -> bool:
@@ -58,6 +62,8 @@ class OperatorConfig:
             host_path_roots=self.model_host_path_roots,
             router_image=self.router_image,
             router_image_pull_policy=self.router_image_pull_policy,
+            model_cache_claim=self.model_cache_claim,
+            model_cache_budget_bytes=to_int(self.model_cache_budget) if self.model_cache_budget else 0,
         )
 
 
@@ -82,6 +88,18 @@ class _AppendToTuple(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, (*getattr(namespace, self.dest), values))
+
+
+def _budget(text: str) -> str:
+    if text == "":  # the default: no budget
+        return text
+    try:
+        value = to_int(text)
+    except (ValueError, TypeError):
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive quantity of bytes (e.g. 200Gi), got {text!r}")
+    return text
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -240,6 +258,24 @@ def build_parser(default_instance: str = _DEFAULTS["instance"]) -> argparse.Argu
         metavar="POLICY",
         help="the router pods' imagePullPolicy (Always, IfNotPresent, Never; default: the cluster's)",
         shown="the cluster's",
+    )
+    _flag(
+        parser,
+        "model_cache_claim",
+        metavar="NAME",
+        help="the PersistentVolumeClaim, in each service's namespace, that mounts the node's model cache folder: "
+        "hf:// and s3:// models are fetched into it once per node and verified by their content digest; empty: "
+        "each pod fetches its own copy",
+        shown="none",
+    )
+    _flag(
+        parser,
+        "model_cache_budget",
+        type=_budget,
+        metavar="QUANTITY",
+        help="the node model cache's byte budget on each node (e.g. 200Gi): entries no pod uses are evicted, least "
+        "recently used first, and a model that cannot fit fails its fetch",
+        shown="none",
     )
     _flag(parser, "log_level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="how much the operator logs")
     return parser

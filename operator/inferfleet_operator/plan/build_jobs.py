@@ -68,9 +68,10 @@ def compile_job_for(
     job_name = bounded_name(name, str(attempt))
     labels = common_labels() | {BUILD_LABEL: name, ENGINE_KEY_LABEL: spec.engine_key, COMPONENT_LABEL: "compiler"}
     annotations = {ATTEMPT_ANNOTATION: str(attempt)}
-    model_dir, model_volume, fetches = _model_source(spec.model_uri, spec.revision, settings, spec.model_size)
+    source = _model_source(spec.model_uri, spec.revision, settings, spec.model_size)
+    fetches = source.fetches
     out = f"{settings.engine_cache_mount}/{spec.engine_key}"
-    args = ["compile", "--model", model_dir, "--out", out, "--backend", compile_backend(spec.vendor)]
+    args = ["compile", "--model", source.directory, "--out", out, "--backend", compile_backend(spec.vendor)]
     # --content-addressed: the engine lands in <out>/<digest of the model's content manifest> (names, sizes,
     # sha256, the hub commit), which the compile container reports back; see docs/security.md.
     args += _envelope_args(spec.envelope) + [
@@ -88,7 +89,7 @@ def compile_job_for(
     if spec.gpu_resource:
         limits[spec.gpu_resource] = str(spec.gpus)
     requests = _with_model_storage(
-        {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model_size, bool(fetches)
+        {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model_size, source.stored_in_pod
     )
     container = {
         "name": "compile",
@@ -100,12 +101,12 @@ def compile_job_for(
         "securityContext": _container_security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
-            {"name": "model", "mountPath": settings.model_mount, "readOnly": not fetches},
+            *source.reader_mounts(settings, model_read_only=not fetches),
             {"name": "engines", "mountPath": settings.engine_cache_mount},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    pod_spec = _job_pod_spec(container, settings, model_volume)
+    pod_spec = _job_pod_spec(container, settings, *source.volumes)
     if fetches:
         pod_spec["initContainers"] = [
             _fetch_container(spec.compile_image, a, settings, spec.credentials_secret) for a in fetches

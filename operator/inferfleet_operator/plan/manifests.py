@@ -137,29 +137,68 @@ def _tolerations(tolerations: tuple[Toleration, ...]) -> list[dict]:
     return [{k: v for k, v in to_dict(t).items() if v != "" or k == "key"} for t in tolerations]
 
 
-def _model_source(uri: str, revision: str, settings: PlanSettings, size: str = "") -> tuple[str, dict, list[list[str]]]:
-    """-> (model directory in the pod, the "model" volume, the args of the init containers that fill it).
-    A downloaded model's emptyDir is limited to `size` when it is stated."""
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a pod finds its model: the directory, the "model" volume, the args of the init containers that fill it,
+    and the node model cache's volume when the model is fetched through it (then the directory is a link into it)."""
+
+    directory: str
+    volume: dict
+    fetches: list[list[str]]
+    cache_volume: dict | None = None
+
+    @property
+    def volumes(self) -> list[dict]:
+        return [self.volume] + ([self.cache_volume] if self.cache_volume else [])
+
+    def reader_mounts(self, settings: PlanSettings, model_read_only: bool = True) -> list[dict]:
+        """The mounts of the container that reads the model (the node cache read-only: only a fetch writes it)."""
+        mounts = [{"name": "model", "mountPath": settings.model_mount, "readOnly": model_read_only}]
+        if self.cache_volume:
+            mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": settings.model_cache_mount, "readOnly": True})
+        return mounts
+
+    @property
+    def stored_in_pod(self) -> bool:
+        """Whether the model's bytes live in the pod's own emptyDir (fetched without the node cache)."""
+        return bool(self.fetches) and self.cache_volume is None
+
+
+MODEL_CACHE_VOLUME = "model-cache"
+
+
+def _model_source(uri: str, revision: str, settings: PlanSettings, size: str = "") -> ModelSource:
+    """The model's directory, volumes and fetches. A downloaded model's emptyDir is limited to `size` when it is
+    stated; with the node model cache the emptyDir holds only the link `fetch --node-cache` makes."""
     scheme = uri_scheme(uri)
     rest = uri.split("://", 1)[1]
     if scheme == "pvc":
         claim, _, path = rest.partition("/")
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        return f"{settings.model_mount}/{path.strip('/')}", volume, []
+        return ModelSource(f"{settings.model_mount}/{path.strip('/')}", volume, [])
     if scheme == "file":
         # The path host_paths checked against the allowed roots, normalised: what is mounted is what was allowed.
         volume = {"name": "model", "hostPath": {"path": normalise(rest), "type": "Directory"}}
-        return settings.model_mount, volume, []
+        return ModelSource(settings.model_mount, volume, [])
     directory = f"{settings.model_mount}/model"
     args = ["fetch", "--uri", uri, "--to", directory]
     if revision and revision != "main":
         args += ["--revision", revision]
-    return directory, {"name": "model", "emptyDir": {"sizeLimit": size} if size else {}}, [args]
+    if settings.model_cache_claim:
+        args += ["--node-cache", settings.model_cache_mount]
+        if settings.model_cache_budget_bytes:
+            args += ["--node-cache-budget", str(settings.model_cache_budget_bytes)]
+        cache = {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": settings.model_cache_claim}}
+        return ModelSource(directory, {"name": "model", "emptyDir": {}}, [args], cache)
+    return ModelSource(directory, {"name": "model", "emptyDir": {"sizeLimit": size} if size else {}}, [args])
 
 
 def _fetch_container(image: str, args: list[str], settings: PlanSettings, credentials_secret: str) -> dict:
-    """The init container that downloads the model. The credentials Secret's keys (HF_TOKEN, AWS_*) become its
-    environment: only this container's, never the server's."""
+    """The init container that downloads the model (into the node model cache, when args name it). The credentials
+    Secret's keys (HF_TOKEN, AWS_*) become its environment: only this container's, never the server's."""
+    mounts = [{"name": "model", "mountPath": settings.model_mount}, {"name": "tmp", "mountPath": "/tmp"}]
+    if "--node-cache" in args:
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": settings.model_cache_mount})
     container = {
         "name": "fetch-model",
         "image": image,
@@ -170,7 +209,7 @@ def _fetch_container(image: str, args: list[str], settings: PlanSettings, creden
         "securityContext": _container_security(),
         # fetch writes its error line as the termination message; a crash leaves the log's tail instead.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": "model", "mountPath": settings.model_mount}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": mounts,
     }
     if credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": credentials_secret}}]
@@ -260,6 +299,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
     volumes = [{"name": "tmp", "emptyDir": {}}]
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]
     init_containers = []
+    model_in_pod = False
     if serving.engine == "Compiled":
         directory = engine_dir(settings, serving.engine_key, serving.model_digest)
         args = ["serve", "--engine-dir", directory, "--engine", "compiled"]
@@ -270,15 +310,16 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         )
         mounts.append({"name": "engines", "mountPath": settings.engine_cache_mount, "readOnly": True})
     else:
-        model_dir, volume, fetches = _model_source(spec.model.uri, spec.model.revision, settings, spec.model.size)
-        args = ["serve", "--model", model_dir, "--engine", "paged"] + _serve_limit_args(spec.engine)
+        source = _model_source(spec.model.uri, spec.model.revision, settings, spec.model.size)
+        args = ["serve", "--model", source.directory, "--engine", "paged"] + _serve_limit_args(spec.engine)
         if spec.routing.mode == "Router":  # the pod measures its profile before it is ready; its router reads it
             args.append("--calibrate")
         if spec.model.runtime_quantization:
             args += ["--quantization", spec.model.runtime_quantization]
-        volumes.append(volume)
-        mounts.append({"name": "model", "mountPath": settings.model_mount, "readOnly": True})
-        init_containers = [_fetch_container(image, a, settings, spec.model.credentials_secret) for a in fetches]
+        volumes += source.volumes
+        mounts += source.reader_mounts(settings)
+        init_containers = [_fetch_container(image, a, settings, spec.model.credentials_secret) for a in source.fetches]
+        model_in_pod = source.stored_in_pod
         if spec.engine.tensor_parallel_size > 1:
             volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHARED_MEMORY_LIMIT}})
             mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -295,7 +336,7 @@ def deployment_for_pool(service: InferenceService, serving: PoolServing, setting
         "ports": [{"name": "http", "containerPort": settings.port, "protocol": "TCP"}],
         "resources": {
             "requests": _with_model_storage(
-                {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model.size, bool(init_containers)
+                {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, spec.model.size, model_in_pod
             ),
             "limits": limits,
         },

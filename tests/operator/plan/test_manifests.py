@@ -265,3 +265,41 @@ def test_a_service_without_auth_serves_open_endpoints():
     for deployment in deployments:
         env = _containers(deployment["spec"]["template"]["spec"])["server"]["env"]
         assert all(item["name"] != "INFERFLEET_API_KEY" for item in env)
+
+
+CACHED = PlanSettings(model_cache_claim="inferfleet-model-cache", model_cache_budget_bytes=200 * 2**30)
+
+
+def test_a_fetched_model_goes_through_the_node_model_cache_when_the_administrator_names_its_claim():
+    svc = service(model={"name": "llama-3-8b", "uri": "hf://meta-llama/Llama-3-8B", "size": "20Gi"})
+    p = plan_service(svc, [mi300x("m1")], RUNTIMES, {}, {}, NOW, CACHED)
+    pod = next(c for c in p.children if c["kind"] == "Deployment")["spec"]["template"]["spec"]
+    containers = _containers(pod)
+    # The pod's emptyDir holds only the link to the node's entry: no size limit, no ephemeral-storage request.
+    assert {"name": "model", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "inferfleet-model-cache"}} in pod["volumes"]
+    assert "ephemeral-storage" not in containers["server"]["resources"]["requests"]
+    fetch = containers["fetch-model"]
+    assert fetch["args"] == [
+        "fetch", "--uri", "hf://meta-llama/Llama-3-8B", "--to", "/models/model",
+        "--node-cache", "/model-cache", "--node-cache-budget", str(200 * 2**30),
+    ]  # fmt: skip
+    # Only the fetch writes the cache; the server reads it.
+    assert {"name": "model-cache", "mountPath": "/model-cache"} in fetch["volumeMounts"]
+    assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in containers["server"][
+        "volumeMounts"
+    ]
+    # The compile Job reads the model through the same cache.
+    p = plan_service(svc, [h100("h1")], RUNTIMES, {}, {}, NOW, CACHED)
+    job = plan_build(p.engine_builds[0], [], NOW, CACHED).job["spec"]["template"]["spec"]
+    compile_ = _containers(job)
+    assert "--node-cache" in compile_["fetch-model"]["args"]
+    assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in compile_["compile"]["volumeMounts"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "inferfleet-model-cache"}} in job["volumes"]
+
+
+def test_models_on_a_claim_or_the_host_never_use_the_node_model_cache():
+    pvc = service("local", model={"name": "tiny", "uri": "pvc://models/tiny/v1"}, replicas=1)
+    for child in plan_service(pvc, [cpu("c1")], RUNTIMES, {}, {}, NOW, CACHED).children:
+        if child["kind"] == "Deployment":
+            assert "model-cache" not in str(child) and "initContainers" not in child["spec"]["template"]["spec"]
