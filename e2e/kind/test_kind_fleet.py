@@ -2,7 +2,8 @@
 an InferenceService's CPU pool runs the paged runtime image in real pods that load the demo model
 from a claim and answer the official openai client through the Service; simulated GPU pools (KWOK
 nodes in the same cluster) get their Deployments; a serving pod deleted mid-traffic is replaced while
-the Service keeps answering; helm uninstall removes what the operator made. Every serving assertion
+the Service keeps answering; two replicas fetch an hf:// model once through the node model cache; helm
+uninstall removes what the operator made. Every serving assertion
 goes through HTTP to a real pod."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -36,6 +38,8 @@ ENGINE = {"maxContextLength": 256, "maxBatchSize": 4, "dtype": "float32"}
 SMALL = {"cpu": "250m", "memory": "1536Mi"}
 ROUTER = {"cpu": "10m", "memory": "256Mi"}  # each service's router: light, and the node has 2 cores
 SERVERS = "app.kubernetes.io/component=server"  # a service's serving pods (its router's pods share its label)
+MODEL_CACHE_CLAIM = "inferfleet-model-cache"
+MODEL_CACHE_NODE_DIR = "/var/lib/inferfleet/model-cache"
 BUILD = {"resources": {"cpu": "250m", "memory": "6Gi"}}  # a compile Job fits beside the serving pods on 2 cores
 # up.sh taints the simulated GPU nodes so that only pods meant for them land there.
 KWOK_TOLERATION = {
@@ -68,6 +72,8 @@ def release(kind_cluster):
         "engineCache.create=false",
         "engineCache.existingClaim=engine-cache",
         "crds.keep=false",
+        f"modelCache.claimName={MODEL_CACHE_CLAIM}",  # hf:// and s3:// models only: the other tests use claims
+        "modelCache.budget=1Gi",
     ]
     sets = [arg for value in values for arg in ("--set", value)]
     name = f"inferfleet-{SUFFIX}"
@@ -635,6 +641,105 @@ def test_envelope_change_builds_a_new_engine_while_the_old_one_answers_every_req
         f"retried-connections={sum(e['outcome'].startswith('retry') for e in lines)}"
     )
     assert len(final) >= 10 and not failures
+
+
+def _node_cache_fetches(kind_cluster) -> list[dict]:
+    found = subprocess.run(
+        ["docker", "exec", kind_cluster.env["KIND_NODE"], "cat", f"{MODEL_CACHE_NODE_DIR}/fetches.jsonl"],
+        capture_output=True,
+        text=True,
+    )
+    return [json.loads(line) for line in found.stdout.splitlines() if line.strip()]
+
+
+def test_two_replicas_on_the_node_download_their_model_once_through_the_node_model_cache(kind_cluster, release):
+    """hf:// from a Hub stand-in on this machine (the pods reach it through the node's gateway): the node's model
+    cache folder, made by the administrator (here: docker exec), offered to the namespace by a claim; two real pods
+    on the node, one download counted at the stand-in, and both answer the openai client from the one entry."""
+    sys.path.insert(0, str(ROOT / "tests" / "runtime" / "support"))
+    from hub_standin import HubStandIn
+
+    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
+
+    node = kind_cluster.env["KIND_NODE"]
+    prepare = (
+        f"rm -rf {MODEL_CACHE_NODE_DIR} && mkdir -p {MODEL_CACHE_NODE_DIR} && chown 1000:1000 {MODEL_CACHE_NODE_DIR}"
+    )
+    subprocess.run(["docker", "exec", node, "sh", "-c", prepare], check=True)
+    route = subprocess.run(["docker", "exec", node, "ip", "-4", "route", "show", "default"], capture_output=True)
+    gateway = route.stdout.decode().split()[2]  # "default via <gateway> dev eth0"
+    hub = HubStandIn("inferfleet/cached", ensure_demo_model())
+    endpoint = hub.start(host="0.0.0.0", advertised=gateway)
+    namespace = kind_cluster.create_namespace(f"cache-{SUFFIX}", labels=RESTRICTED)
+    volume = f"model-cache-{namespace}"
+    try:
+        kind_cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": volume},
+                    "spec": {
+                        "capacity": {"storage": "1Gi"},
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "hostPath": {"path": MODEL_CACHE_NODE_DIR, "type": "Directory"},
+                        "claimRef": {"namespace": namespace, "name": MODEL_CACHE_CLAIM},
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": MODEL_CACHE_CLAIM, "namespace": namespace},
+                    "spec": {
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "volumeName": volume,
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                },
+                # What a pod would otherwise reach (huggingface.co) is the stand-in: the fetch's environment.
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "hub", "namespace": namespace},
+                    "stringData": {"HF_ENDPOINT": endpoint},
+                },
+            ]
+        )
+        cached = _service("cached", ["cpu"], 2)
+        cached["spec"]["model"] = {"name": MODEL, "uri": "hf://inferfleet/cached", "credentialsSecret": "hub"}
+        kind_cluster.apply(cached, namespace=namespace)
+        wait_for(
+            lambda: _ready_replicas(kind_cluster, namespace, f"cached-{CPU_POOL}") >= 2,
+            timeout=600,
+            interval=2,
+            message="both replicas ready, their model from the node cache",
+        )
+        downloads = [r for r in hub.requests if r.method == "GET" and r.path.endswith(".safetensors")]
+        assert len(downloads) == 1, [r.path for r in hub.requests]
+        fetches = _node_cache_fetches(kind_cluster)
+        assert [f["uri"] for f in fetches] == ["hf://inferfleet/cached"], fetches
+        pods = kind_cluster.items("pods", namespace, selector=f"inferfleet.dev/service=cached,{SERVERS}")
+        assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == {node}
+        logs = [
+            kind_cluster.kubectl("logs", p["metadata"]["name"], "-n", namespace, "-c", "fetch-model").stdout
+            + kind_cluster.kubectl("logs", p["metadata"]["name"], "-n", namespace, "-c", "fetch-model").stderr
+            for p in pods
+        ]
+        print("\n".join(logs))
+        with port_forward(kind_cluster, namespace, "service/cached", 8000) as base:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+            for _ in range(4):  # the router spreads these over both pods
+                reply = client.completions.create(
+                    model=MODEL, prompt="Beautiful is better than", max_tokens=6, temperature=0
+                )
+                assert reply.choices[0].text.startswith(" ugly.")
+    finally:
+        kind_cluster.delete_namespace(namespace)
+        kind_cluster.kubectl("delete", "pv", volume, "--wait=false", "--ignore-not-found")
+        hub.stop()
 
 
 def test_helm_uninstall_removes_what_the_operator_created(kind_cluster, release, serve_ns):

@@ -41,11 +41,13 @@ class HubStandIn:
     lfs_suffixes: tuple[str, ...] = (".safetensors",)
     served_bytes: dict[str, bytes] = field(default_factory=dict)  # file -> what GETs answer instead of its bytes
 
-    def start(self) -> str:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+    def start(self, host: str = "127.0.0.1", advertised: str = "") -> str:
+        """Serves on `host` (another address than loopback: for pods of a kind cluster, which reach this machine at
+        `advertised`); returns the endpoint URL."""
+        self.server = ThreadingHTTPServer((host, 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://{advertised or host}:{self.server.server_address[1]}"
 
     def stop(self) -> None:
         self.server.shutdown()
