@@ -724,6 +724,8 @@ def test_two_replicas_on_the_node_download_their_model_once_through_the_node_mod
     with node_cache_namespace(kind_cluster, "inferfleet/cached", ensure_demo_model()) as (namespace, hub):
         cached = _service("cached", ["cpu"], 2)
         cached["spec"]["model"] = {"name": MODEL, "uri": "hf://inferfleet/cached", "credentialsSecret": "hub"}
+        # Beside the module's other services the node has about a quarter core left: two small replicas fit it.
+        cached["spec"]["resources"] = {"cpu": "50m", "memory": "1Gi"}
         kind_cluster.apply(cached, namespace=namespace)
         wait_for(
             lambda: _ready_replicas(kind_cluster, namespace, f"cached-{CPU_POOL}") >= 2,
