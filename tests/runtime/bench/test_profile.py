@@ -110,3 +110,34 @@ def test_serve_calibrate_serves_the_profile_the_router_reads_and_only_then_is_re
         assert httpx.get(f"{pod.base_url}/profile").status_code == 401
         answer = httpx.get(f"{pod.base_url}/profile", headers={"Authorization": "Bearer k"})
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "no_profile"
+
+
+def test_rates_are_sustained_over_pauses_as_a_cpu_quota_makes_them(demo_model_dir, monkeypatch):
+    """A container limited to part of a core runs at full speed between pauses of its quota period: a rate from a
+    few milliseconds of steps would miss them. Pauses (here 30 ms every 4th step) count in the measured rate."""
+    import random
+    import time
+
+    from inferfleet_runtime.engine import calibration
+
+    engine = _engine(demo_model_dir, "--num-kv-blocks", "256", "--max-context-length", "128")
+    step, calls = engine.step, []
+
+    def paused_step():
+        calls.append(1)
+        if len(calls) % 4 == 0:
+            time.sleep(0.03)
+        return step()
+
+    monkeypatch.setattr(engine, "step", paused_step)
+    batch = 2
+    rate = calibration.decode_rate(engine, batch, 8, 2, random.Random(0))
+    # At most `batch` tokens a step and a 30 ms pause every 4 steps: no more than batch * 4 / 0.03 tokens a second
+    # (the pauses between timed windows are not counted, so the bound leaves room for them).
+    assert rate <= batch * 4 / 0.03
+    # The point was measured for MIN_TIMED_SECONDS at least: every round's windows time 16 steps, 4 of them paused.
+    assert len(calls) * 0.03 / 4 >= calibration.MIN_TIMED_SECONDS * 0.8
+    # Prefill too: its runs add up to MIN_TIMED_SECONDS, pauses included.
+    before = len(calls)
+    calibration.prefill_rate(engine, 32, 2, random.Random(1))
+    assert (len(calls) - before) * 0.03 / 4 >= calibration.MIN_TIMED_SECONDS * 0.8
