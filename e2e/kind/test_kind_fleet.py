@@ -247,6 +247,112 @@ def test_operator_runs_from_its_image_as_non_root_in_a_restricted_namespace(kind
     assert runtimes["paged-cpu"]["image"] == kind_cluster.runtime_image
 
 
+@contextmanager
+def node_cache_namespace(kind_cluster, repo: str, model_dir):
+    """A restricted namespace whose pods reach the node model cache and a Hub stand-in serving `model_dir` as
+    hf://`repo`: the cache folder made empty on the node (what an administrator does once per node; here docker
+    exec), a hostPath volume on it offered by the claim the release names, and the stand-in (on this machine, reached
+    by pods through the node's gateway) as HF_ENDPOINT in a Secret the service names as its credentialsSecret `hub`.
+    Yields (namespace, stand-in)."""
+    sys.path.insert(0, str(ROOT / "tests" / "runtime" / "support"))
+    from hub_standin import HubStandIn
+
+    node = kind_cluster.env["KIND_NODE"]
+    prepare = (
+        f"rm -rf {MODEL_CACHE_NODE_DIR} && mkdir -p {MODEL_CACHE_NODE_DIR} && chown 1000:1000 {MODEL_CACHE_NODE_DIR}"
+    )
+    subprocess.run(["docker", "exec", node, "sh", "-c", prepare], check=True)
+    route = subprocess.run(["docker", "exec", node, "ip", "-4", "route", "show", "default"], capture_output=True)
+    gateway = route.stdout.decode().split()[2]  # "default via <gateway> dev eth0"
+    hub = HubStandIn(repo, model_dir)
+    endpoint = hub.start(host="0.0.0.0", advertised=gateway)
+    namespace = kind_cluster.create_namespace(f"cache-{SUFFIX}", labels=RESTRICTED)
+    volume = f"model-cache-{namespace}"
+    try:
+        kind_cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": volume},
+                    "spec": {
+                        "capacity": {"storage": "1Gi"},
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "hostPath": {"path": MODEL_CACHE_NODE_DIR, "type": "Directory"},
+                        "claimRef": {"namespace": namespace, "name": MODEL_CACHE_CLAIM},
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": MODEL_CACHE_CLAIM, "namespace": namespace},
+                    "spec": {
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "volumeName": volume,
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "hub", "namespace": namespace},
+                    "stringData": {"HF_ENDPOINT": endpoint},
+                },
+            ]
+        )
+        yield namespace, hub
+    finally:
+        kind_cluster.delete_namespace(namespace)
+        kind_cluster.kubectl("delete", "pv", volume, "--wait=false", "--ignore-not-found")
+        hub.stop()
+
+
+def node_cache_fetches(kind_cluster) -> list[dict]:
+    """The node model cache's record of the fetches that downloaded bytes (fetches.jsonl on the node)."""
+    found = subprocess.run(
+        ["docker", "exec", kind_cluster.env["KIND_NODE"], "cat", f"{MODEL_CACHE_NODE_DIR}/fetches.jsonl"],
+        capture_output=True,
+        text=True,
+    )
+    return [json.loads(line) for line in found.stdout.splitlines() if line.strip()]
+
+
+def test_two_replicas_on_the_node_download_their_model_once_through_the_node_model_cache(kind_cluster, release):
+    """Runs before the module's other services take the node's CPU. hf:// from the Hub stand-in: two real pods on the node, one download counted at the stand-in and in the
+    cache's own record, and both answer the openai client from the one entry."""
+    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
+
+    with node_cache_namespace(kind_cluster, "inferfleet/cached", ensure_demo_model()) as (namespace, hub):
+        cached = _service("cached", ["cpu"], 2)
+        cached["spec"]["model"] = {"name": MODEL, "uri": "hf://inferfleet/cached", "credentialsSecret": "hub"}
+        kind_cluster.apply(cached, namespace=namespace)
+        wait_for(
+            lambda: _ready_replicas(kind_cluster, namespace, f"cached-{CPU_POOL}") >= 2,
+            timeout=600,
+            interval=2,
+            message="both replicas ready, their model from the node cache",
+        )
+        downloads = [r for r in hub.requests if r.method == "GET" and r.path.endswith(".safetensors")]
+        assert len(downloads) == 1, [r.path for r in hub.requests]
+        fetches = node_cache_fetches(kind_cluster)
+        assert [f["uri"] for f in fetches] == ["hf://inferfleet/cached"], fetches
+        pods = kind_cluster.items("pods", namespace, selector=f"inferfleet.dev/service=cached,{SERVERS}")
+        assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == {kind_cluster.env["KIND_NODE"]}
+        for pod in pods:
+            logs = kind_cluster.kubectl("logs", pod["metadata"]["name"], "-n", namespace, "-c", "fetch-model")
+            print(logs.stdout + logs.stderr)
+        with port_forward(kind_cluster, namespace, "service/cached", 8000) as base:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+            for _ in range(4):  # the router spreads these over both pods
+                reply = client.completions.create(
+                    model=MODEL, prompt="Beautiful is better than", max_tokens=6, temperature=0
+                )
+                assert reply.choices[0].text.startswith(" ugly.")
+
+
 def test_cpu_pool_answers_chat_and_streamed_chat_through_the_service(kind_cluster, demo):
     [pod] = kind_cluster.items("pods", demo, selector=f"inferfleet.dev/service=demo,{SERVERS}")
     assert pod["spec"]["containers"][0]["image"] == kind_cluster.runtime_image
@@ -641,114 +747,6 @@ def test_envelope_change_builds_a_new_engine_while_the_old_one_answers_every_req
         f"retried-connections={sum(e['outcome'].startswith('retry') for e in lines)}"
     )
     assert len(final) >= 10 and not failures
-
-
-@contextmanager
-def node_cache_namespace(kind_cluster, repo: str, model_dir):
-    """A restricted namespace whose pods reach the node model cache and a Hub stand-in serving `model_dir` as
-    hf://`repo`: the cache folder made empty on the node (what an administrator does once per node; here docker
-    exec), a hostPath volume on it offered by the claim the release names, and the stand-in (on this machine, reached
-    by pods through the node's gateway) as HF_ENDPOINT in a Secret the service names as its credentialsSecret `hub`.
-    Yields (namespace, stand-in)."""
-    sys.path.insert(0, str(ROOT / "tests" / "runtime" / "support"))
-    from hub_standin import HubStandIn
-
-    node = kind_cluster.env["KIND_NODE"]
-    prepare = (
-        f"rm -rf {MODEL_CACHE_NODE_DIR} && mkdir -p {MODEL_CACHE_NODE_DIR} && chown 1000:1000 {MODEL_CACHE_NODE_DIR}"
-    )
-    subprocess.run(["docker", "exec", node, "sh", "-c", prepare], check=True)
-    route = subprocess.run(["docker", "exec", node, "ip", "-4", "route", "show", "default"], capture_output=True)
-    gateway = route.stdout.decode().split()[2]  # "default via <gateway> dev eth0"
-    hub = HubStandIn(repo, model_dir)
-    endpoint = hub.start(host="0.0.0.0", advertised=gateway)
-    namespace = kind_cluster.create_namespace(f"cache-{SUFFIX}", labels=RESTRICTED)
-    volume = f"model-cache-{namespace}"
-    try:
-        kind_cluster.apply(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": volume},
-                    "spec": {
-                        "capacity": {"storage": "1Gi"},
-                        "accessModes": ["ReadWriteMany"],
-                        "storageClassName": "",
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "hostPath": {"path": MODEL_CACHE_NODE_DIR, "type": "Directory"},
-                        "claimRef": {"namespace": namespace, "name": MODEL_CACHE_CLAIM},
-                    },
-                },
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolumeClaim",
-                    "metadata": {"name": MODEL_CACHE_CLAIM, "namespace": namespace},
-                    "spec": {
-                        "accessModes": ["ReadWriteMany"],
-                        "storageClassName": "",
-                        "volumeName": volume,
-                        "resources": {"requests": {"storage": "1Gi"}},
-                    },
-                },
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": "hub", "namespace": namespace},
-                    "stringData": {"HF_ENDPOINT": endpoint},
-                },
-            ]
-        )
-        yield namespace, hub
-    finally:
-        kind_cluster.delete_namespace(namespace)
-        kind_cluster.kubectl("delete", "pv", volume, "--wait=false", "--ignore-not-found")
-        hub.stop()
-
-
-def node_cache_fetches(kind_cluster) -> list[dict]:
-    """The node model cache's record of the fetches that downloaded bytes (fetches.jsonl on the node)."""
-    found = subprocess.run(
-        ["docker", "exec", kind_cluster.env["KIND_NODE"], "cat", f"{MODEL_CACHE_NODE_DIR}/fetches.jsonl"],
-        capture_output=True,
-        text=True,
-    )
-    return [json.loads(line) for line in found.stdout.splitlines() if line.strip()]
-
-
-def test_two_replicas_on_the_node_download_their_model_once_through_the_node_model_cache(kind_cluster, release):
-    """hf:// from the Hub stand-in: two real pods on the node, one download counted at the stand-in and in the
-    cache's own record, and both answer the openai client from the one entry."""
-    from inferfleet_runtime.demo.builtin_model import ensure_demo_model
-
-    with node_cache_namespace(kind_cluster, "inferfleet/cached", ensure_demo_model()) as (namespace, hub):
-        cached = _service("cached", ["cpu"], 2)
-        cached["spec"]["model"] = {"name": MODEL, "uri": "hf://inferfleet/cached", "credentialsSecret": "hub"}
-        # Beside the module's other services the node has about a quarter core left: two small replicas fit it.
-        cached["spec"]["resources"] = {"cpu": "50m", "memory": "1Gi"}
-        kind_cluster.apply(cached, namespace=namespace)
-        wait_for(
-            lambda: _ready_replicas(kind_cluster, namespace, f"cached-{CPU_POOL}") >= 2,
-            timeout=600,
-            interval=2,
-            message="both replicas ready, their model from the node cache",
-        )
-        downloads = [r for r in hub.requests if r.method == "GET" and r.path.endswith(".safetensors")]
-        assert len(downloads) == 1, [r.path for r in hub.requests]
-        fetches = node_cache_fetches(kind_cluster)
-        assert [f["uri"] for f in fetches] == ["hf://inferfleet/cached"], fetches
-        pods = kind_cluster.items("pods", namespace, selector=f"inferfleet.dev/service=cached,{SERVERS}")
-        assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == {kind_cluster.env["KIND_NODE"]}
-        for pod in pods:
-            logs = kind_cluster.kubectl("logs", pod["metadata"]["name"], "-n", namespace, "-c", "fetch-model")
-            print(logs.stdout + logs.stderr)
-        with port_forward(kind_cluster, namespace, "service/cached", 8000) as base:
-            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
-            for _ in range(4):  # the router spreads these over both pods
-                reply = client.completions.create(
-                    model=MODEL, prompt="Beautiful is better than", max_tokens=6, temperature=0
-                )
-                assert reply.choices[0].text.startswith(" ugly.")
 
 
 def test_helm_uninstall_removes_what_the_operator_created(kind_cluster, release, serve_ns):
