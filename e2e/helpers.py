@@ -283,3 +283,45 @@ def run_init_container(
         Path(mounts[mount["mountPath"]]).mkdir(parents=True, exist_ok=True)
     argv = container["command"] + [remap(a) for a in container["args"]] + ["--no-progress"]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=mounts["/tmp"])
+
+
+def static_claim(
+    claim: str,
+    namespace: str,
+    volume: str,
+    path: str,
+    *,
+    access_mode: str,
+    size: str,
+    reclaim: str = "Retain",
+    path_type: str | None = None,
+) -> list[dict]:
+    """A hostPath PersistentVolume bound ahead of time to a claim of `claim` in `namespace` (no provisioner: the
+    volume names the claim, the claim the volume), and that claim."""
+    host_path = {"path": path} | ({"type": path_type} if path_type else {})
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": [access_mode],
+                "persistentVolumeReclaimPolicy": reclaim,
+                "storageClassName": "",
+                "hostPath": host_path,
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": [access_mode],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": {"storage": size}},
+            },
+        },
+    ]

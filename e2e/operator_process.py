@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from helpers import wait_for
+from helpers import static_claim, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 # Short timers so the e2e tier converges in seconds rather than minutes.
@@ -286,33 +286,11 @@ def add_engine_cache(cluster, namespace: str) -> None:
     """The engine cache claim in a test namespace, bound to a static hostPath volume (the e2e
     cluster has no provisioner); compile Jobs and compiled serving pods mount it."""
     volume = f"engines-{namespace}"
+    path = f"/tmp/inferfleet-e2e/{namespace}"
     cluster.apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": volume},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteMany"],
-                    "persistentVolumeReclaimPolicy": "Delete",
-                    "storageClassName": "",
-                    "hostPath": {"path": f"/tmp/inferfleet-e2e/{namespace}"},
-                    "claimRef": {"namespace": namespace, "name": ENGINE_CACHE_CLAIM},
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": ENGINE_CACHE_CLAIM, "namespace": namespace},
-                "spec": {
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "",
-                    "volumeName": volume,
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
-        ]
+        static_claim(
+            ENGINE_CACHE_CLAIM, namespace, volume, path, access_mode="ReadWriteMany", size="1Gi", reclaim="Delete"
+        )
     )
     wait_for(
         lambda: (cluster.get("pvc", ENGINE_CACHE_CLAIM, namespace) or {}).get("status", {}).get("phase") == "Bound",

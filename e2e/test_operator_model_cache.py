@@ -15,9 +15,7 @@ from helpers import Cluster, run_init_container, wait_for
 from operator_process import (
     FAST_FLAGS,
     OperatorProcess,
-    add_engine_cache,
     install,
-    remove_engine_cache,
     service_manifest,
     serving,
 )
@@ -39,14 +37,6 @@ def operator(cluster, tmp_path_factory):
     process = OperatorProcess(install(cluster, work), work / "operator.log", flags)
     with serving(cluster, process):
         yield process
-
-
-@pytest.fixture
-def ns(cluster: Cluster, namespace: str, operator: OperatorProcess) -> str:
-    add_engine_cache(cluster, namespace)
-    yield namespace
-    print(operator.log_tail())  # shown when the test failed
-    remove_engine_cache(cluster, namespace)
 
 
 def _weight_downloads(hub: HubStandIn) -> int:

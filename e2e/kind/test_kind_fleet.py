@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import httpx
 import openai
 import pytest
-from helpers import ROOT, condition, wait_for
+from helpers import ROOT, condition, static_claim, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -105,58 +105,9 @@ def serve_ns(kind_cluster, release):
     subprocess.run(
         ["docker", "exec", kind_cluster.env["KIND_NODE"], "mkdir", "-p", "-m", "0777", engines_path], check=True
     )
-    claim = {
-        "accessModes": ["ReadOnlyMany"],
-        "storageClassName": "",
-        "volumeName": volume,
-        "resources": {"requests": {"storage": "1Gi"}},
-    }
     kind_cluster.apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": volume},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadOnlyMany"],
-                    "storageClassName": "",
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "hostPath": {"path": kind_cluster.models_node_dir},
-                    "claimRef": {"namespace": namespace, "name": "models"},
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "models", "namespace": namespace},
-                "spec": claim,
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": engines},
-                "spec": {
-                    "capacity": {"storage": "2Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": "",
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "hostPath": {"path": engines_path},
-                    "claimRef": {"namespace": namespace, "name": "engine-cache"},
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "engine-cache", "namespace": namespace},
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": "",
-                    "volumeName": engines,
-                    "resources": {"requests": {"storage": "2Gi"}},
-                },
-            },
-        ]
+        static_claim("models", namespace, volume, kind_cluster.models_node_dir, access_mode="ReadOnlyMany", size="1Gi")
+        + static_claim("engine-cache", namespace, engines, engines_path, access_mode="ReadWriteOnce", size="2Gi")
     )
     yield namespace
     kind_cluster.delete_namespace(namespace)
@@ -269,40 +220,17 @@ def node_cache_namespace(kind_cluster, repo: str, model_dir):
     namespace = kind_cluster.create_namespace(f"cache-{SUFFIX}", labels=RESTRICTED)
     volume = f"model-cache-{namespace}"
     try:
-        kind_cluster.apply(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": volume},
-                    "spec": {
-                        "capacity": {"storage": "1Gi"},
-                        "accessModes": ["ReadWriteMany"],
-                        "storageClassName": "",
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "hostPath": {"path": MODEL_CACHE_NODE_DIR, "type": "Directory"},
-                        "claimRef": {"namespace": namespace, "name": MODEL_CACHE_CLAIM},
-                    },
-                },
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolumeClaim",
-                    "metadata": {"name": MODEL_CACHE_CLAIM, "namespace": namespace},
-                    "spec": {
-                        "accessModes": ["ReadWriteMany"],
-                        "storageClassName": "",
-                        "volumeName": volume,
-                        "resources": {"requests": {"storage": "1Gi"}},
-                    },
-                },
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": "hub", "namespace": namespace},
-                    "stringData": {"HF_ENDPOINT": endpoint},
-                },
-            ]
-        )
+        claim = static_claim(
+            MODEL_CACHE_CLAIM, namespace, volume, MODEL_CACHE_NODE_DIR, access_mode="ReadWriteMany", size="1Gi",
+            path_type="Directory",
+        )  # fmt: skip
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hub", "namespace": namespace},
+            "stringData": {"HF_ENDPOINT": endpoint},
+        }
+        kind_cluster.apply([*claim, secret])
         yield namespace, hub
     finally:
         kind_cluster.delete_namespace(namespace)
